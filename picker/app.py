@@ -1,0 +1,1 @@
+"""Composition root: wiring, TaskGroup, gRPC servers, graceful stop (``picker serve``)."""

@@ -1,0 +1,88 @@
+"""picker's own count of what each endpoint is working on: the only per-request mutable state.
+
+Scraped numbers are up to one interval old; these are exact. A ``Lease`` is taken when a request is routed and
+released when its response completes, its stream ends, or a timeout passes (gateways that send no response
+phases). Release is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = ["EndpointLoad", "InflightTracker", "Lease"]
+
+_EWMA_ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class EndpointLoad:
+    requests: int = 0
+    tokens: int = 0  # prompt tokens not yet prefilled + expected output tokens
+    ttft_s: float | None = None  # EWMA of observed time to first token
+    tpot_s: float | None = None  # EWMA of observed time per output token
+
+
+@dataclass(slots=True)
+class Lease:
+    endpoint_key: str
+    tokens: int
+    started_at: float
+    released: bool = field(default=False)
+
+
+class InflightTracker:
+    def __init__(self) -> None:
+        self._loads: dict[str, EndpointLoad] = {}
+
+    def acquire(self, endpoint_key: str, tokens: int, now: float) -> Lease:
+        load = self._loads.setdefault(endpoint_key, EndpointLoad())
+        load.requests += 1
+        load.tokens += tokens
+        return Lease(endpoint_key, tokens, now)
+
+    def release(self, lease: Lease) -> bool:
+        """Give back a lease's requests and tokens. Returns False if it was already released."""
+        if lease.released:
+            return False
+        lease.released = True
+        load = self._loads.get(lease.endpoint_key)
+        if load is not None:
+            load.requests = max(0, load.requests - 1)
+            load.tokens = max(0, load.tokens - lease.tokens)
+        return True
+
+    def prefilled(self, lease: Lease, prompt_tokens: int) -> None:
+        """The first token arrived: the prompt part of a lease's tokens is no longer pending work."""
+        if lease.released:
+            return
+        done = min(prompt_tokens, lease.tokens)
+        lease.tokens -= done
+        load = self._loads.get(lease.endpoint_key)
+        if load is not None:
+            load.tokens = max(0, load.tokens - done)
+
+    def observe(self, endpoint_key: str, *, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        load = self._loads.setdefault(endpoint_key, EndpointLoad())
+        if ttft_s is not None:
+            load.ttft_s = ttft_s if load.ttft_s is None else load.ttft_s + _EWMA_ALPHA * (ttft_s - load.ttft_s)
+        if tpot_s is not None:
+            load.tpot_s = tpot_s if load.tpot_s is None else load.tpot_s + _EWMA_ALPHA * (tpot_s - load.tpot_s)
+
+    def load(self, endpoint_key: str) -> EndpointLoad:
+        """The current load (a zero load for an endpoint never seen). Do not mutate the result."""
+        return self._loads.get(endpoint_key) or EndpointLoad()
+
+    def requests(self, endpoint_key: str) -> int:
+        load = self._loads.get(endpoint_key)
+        return load.requests if load else 0
+
+    def tokens(self, endpoint_key: str) -> int:
+        load = self._loads.get(endpoint_key)
+        return load.tokens if load else 0
+
+    def forget_except(self, keys: Iterable[str]) -> None:
+        """Drop state of endpoints that left the pool."""
+        keep = set(keys)
+        for key in [k for k in self._loads if k not in keep]:
+            del self._loads[key]

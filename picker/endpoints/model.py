@@ -1,0 +1,106 @@
+"""Endpoint, EndpointMetrics and EndpointSnapshot: immutable values read by a scheduling cycle.
+
+An ``Endpoint`` is identified by its ``key`` (``ip:port``, IPv6 as ``[v6]:port``): equality and hashing use the
+key only, so scores can be keyed by endpoint across snapshots.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["Endpoint", "EndpointMetrics", "EndpointSnapshot", "format_hostport"]
+
+_EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+def format_hostport(address: str, port: int) -> str:
+    """``ip:port``; an IPv6 address is bracketed as the destination header requires."""
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"[{address}]:{port}"
+    except ValueError:
+        pass
+    return f"{address}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """What the model server last reported about itself (scraped)."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # 0..1
+    running_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_loras: int = 0
+    block_size: int | None = None  # tokens per KV block
+    num_gpu_blocks: int | None = None
+    updated_at: float = 0.0  # monotonic seconds of the last successful scrape; 0 = never
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-server endpoint (a pod's rank: IP x target port)."""
+
+    key: str  # "ip:port" — the identity, the destination header value
+    address: str = field(compare=False)
+    port: int = field(compare=False)
+    name: str = field(default="", compare=False)  # pod name or "<pod>-rank-<i>"; key when static
+    metrics_url: str | None = field(default=None, compare=False)  # None: not scraped
+    engine: str = field(default="vllm", compare=False)
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY_LABELS, compare=False)
+    metrics: EndpointMetrics = field(default_factory=EndpointMetrics, compare=False)
+    # Set by the freshness tracker: stale or failing scrapes take an endpoint out of the candidate set.
+    excluded: bool = field(default=False, compare=False)
+
+    @classmethod
+    def create(
+        cls,
+        address: str,
+        port: int,
+        *,
+        name: str = "",
+        metrics_url: str | None = None,
+        engine: str = "vllm",
+        labels: Mapping[str, str] | None = None,
+    ) -> Endpoint:
+        key = format_hostport(address, port)
+        return cls(
+            key=key,
+            address=address,
+            port=port,
+            name=name or key,
+            metrics_url=metrics_url,
+            engine=engine,
+            labels=MappingProxyType(dict(labels)) if labels else _EMPTY_LABELS,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """All known endpoints at one moment. Published whole; never mutated."""
+
+    endpoints: tuple[Endpoint, ...] = ()
+    version: int = 0
+    synced: bool = False  # discovery has completed its first sync
+    _by_key: Mapping[str, Endpoint] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_key", {e.key: e for e in self.endpoints})
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self.endpoints)
+
+    def get(self, key: str) -> Endpoint | None:
+        return self._by_key.get(key)
+
+    def candidates(self) -> tuple[Endpoint, ...]:
+        """Endpoints fit to schedule: the non-excluded ones, or all of them if that would leave none."""
+        fresh = tuple(e for e in self.endpoints if not e.excluded)
+        return fresh or self.endpoints

