@@ -34,7 +34,6 @@ class ServerSettings:
     max_response_buffer_bytes: int = 16 * 1024 * 1024  # non-streamed response bodies buffered for usage
     gateway_profile: str = "auto"  # auto | envoy | nginx | agentgateway
     disable_subset_filter: bool = False
-    max_destinations: int = 1  # endpoints in the destination header (primary + fallbacks)
     explain_header: bool = False  # add x-picker-explain to the request headers response
     shed_status: int = 429  # status of a shed sheddable request (docs say 503, code says 429)
     inflight_timeout_s: float = 300.0  # release a lease when no response phase ever arrives
