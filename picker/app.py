@@ -1,1 +1,492 @@
-"""Composition root: wiring, TaskGroup, gRPC servers, graceful stop (``picker serve``)."""
+"""Composition root and ``picker serve``: wiring, background tasks, the gRPC servers, graceful stop.
+
+In process (tests, benchmarks)::
+
+    async with serving(settings, store=store) as running:
+        ...  # running.grpc_port, running.health_port, running.certificate, running.director, ...
+
+As a process: ``picker serve --endpoints 10.0.0.1:8000,10.0.0.2:8000 [flags]`` (flags as the reference EPP's,
+plus picker's; ``picker serve --help``). SIGTERM: health turns NOT_SERVING at once, new streams are still
+accepted for ``grace_period_s`` (so gateways see the health change first), then refused; in-flight streams get
+up to ``termination_grace_s`` to finish; exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from picker import __version__, errors
+from picker.control.director import Admitter, Director, Resolver
+from picker.discovery import static
+from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.model import EndpointSnapshot
+from picker.endpoints.store import EndpointStore
+from picker.extproc import health, servicer, tls
+from picker.extproc.stream import StreamEnv
+from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
+from picker.scheduling.framework import PluginContext
+from picker.scheduling.scheduler import Scheduler
+from picker.scrape import poller
+from picker.settings import ScrapeSettings, ServerSettings, Settings
+from picker.telemetry import REGISTRY, logs
+from picker.telemetry import metrics as m
+
+__all__ = ["Running", "configure", "parse_duration", "run", "serve", "serving", "settings_from_args"]
+
+log = logging.getLogger("picker")
+
+STATIC_POOL_NAME = "static"  # the ``name`` label of inference_pool_* gauges without an InferencePool
+_EXPIRY_INTERVAL_S = 1.0
+_MESSAGE_SLACK_BYTES = 1 << 20  # room for the protobuf framing around a maximal body
+
+
+@dataclass
+class Running:
+    """A started picker: what tests and benchmarks need to talk to it."""
+
+    settings: Settings
+    store: EndpointStore
+    inflight: InflightTracker
+    scheduler: Scheduler
+    director: Director
+    health: health.HealthServicer
+    extproc: servicer.ExtProcServicer
+    grpc_port: int
+    health_port: int
+    metrics_port: int | None  # None: the metrics HTTP server is off
+    certificate: tls.CertificatePair | None  # None: plaintext
+    supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``picker serve`` flags: the reference EPP's names (and defaults) where it has them, then picker's."""
+    srv, scr = ServerSettings(), ScrapeSettings()
+    add = parser.add_argument
+    add("--grpc-port", type=int, default=srv.grpc_port, help="ext_proc gRPC port (0: any free port)")
+    add("--grpc-health-port", type=int, default=srv.health_port, help="gRPC health port (plaintext)")
+    add("--metrics-port", type=int, default=srv.metrics_port, help="Prometheus /metrics port (0: off)")
+    add("--host", default=srv.host, help="address to listen on")
+    add(
+        "--secure-serving",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=srv.secure_serving,
+        metavar="BOOL",
+        help="TLS on the ext_proc port (default true; --secure-serving=false for plaintext)",
+    )
+    add("--cert-path", default=None, help="directory with tls.crt and tls.key (default: self-signed at start)")
+    add("--config-file", default=None, help="EndpointPickerConfig YAML file")
+    add("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    add("--endpoints", default=None, help="static model servers: ip:port[@metrics-url][;engine=E][;name=N],...")
+    add("--endpoints-file", default=None, help="static model servers from a YAML/JSON file")
+    add(
+        "--refresh-metrics-interval",
+        type=parse_duration,
+        default=scr.interval_s,
+        metavar="DURATION",
+        help="model-server metrics poll interval (e.g. 50ms, 0.1s)",
+    )
+    add(
+        "--metrics-staleness-threshold",
+        type=parse_duration,
+        default=scr.staleness_s,
+        metavar="DURATION",
+        help="metrics older than this exclude an endpoint (e.g. 2s)",
+    )
+    add(
+        "--disable-endpoint-subset-filter",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="ignore the proxy's subset hint",
+    )
+    add("--max-body-bytes", type=int, default=srv.max_body_bytes, help="request bodies over this get 413")
+    add("--gateway-profile", choices=("auto", "envoy", "nginx", "agentgateway"), default=srv.gateway_profile)
+    add(
+        "--explain-header",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="add x-picker-explain (per-plugin scores, compact JSON) to the routed request",
+    )
+    add(
+        "--shed-status",
+        type=int,
+        choices=(429, 503),
+        default=srv.shed_status,
+        help="HTTP status of a shed request (the reference code says 429, its docs 503)",
+    )
+    add(
+        "--inflight-timeout",
+        type=parse_duration,
+        default=srv.inflight_timeout_s,
+        metavar="DURATION",
+        help="release an in-flight count after this when the gateway reports no response",
+    )
+    add(
+        "--grace-period",
+        type=parse_duration,
+        default=srv.grace_period_s,
+        metavar="DURATION",
+        help="SIGTERM: keep accepting streams this long after health turns NOT_SERVING",
+    )
+    add(
+        "--termination-grace",
+        type=parse_duration,
+        default=srv.termination_grace_s,
+        metavar="DURATION",
+        help="SIGTERM: wait at most this long for in-flight streams",
+    )
+    add("--v", type=int, default=None, help="verbosity as the reference (4: debug)")
+    add("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+    add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Flags → Settings. Raises ``errors.ConfigError`` for bad endpoint lists."""
+    endpoints = static.parse_endpoints(args.endpoints) if args.endpoints else ()
+    if args.endpoints_file:
+        endpoints = (*endpoints, *static.load_endpoints_file(args.endpoints_file))
+    if args.log_level:
+        level = args.log_level
+    elif args.v is not None:
+        level = logging.getLevelName(logs.level_from_verbosity(args.v)).lower()
+    else:
+        level = "info"
+    base = Settings()
+    return Settings(
+        server=dataclasses.replace(
+            base.server,
+            host=args.host,
+            grpc_port=args.grpc_port,
+            health_port=args.grpc_health_port,
+            metrics_port=args.metrics_port,
+            secure_serving=args.secure_serving,
+            cert_path=args.cert_path,
+            max_body_bytes=args.max_body_bytes,
+            gateway_profile=args.gateway_profile,
+            disable_subset_filter=args.disable_endpoint_subset_filter,
+            explain_header=args.explain_header,
+            shed_status=args.shed_status,
+            inflight_timeout_s=args.inflight_timeout,
+            grace_period_s=args.grace_period,
+            termination_grace_s=args.termination_grace,
+        ),
+        scrape=dataclasses.replace(
+            base.scrape, interval_s=args.refresh_metrics_interval, staleness_s=args.metrics_staleness_threshold
+        ),
+        static_endpoints=endpoints,
+        config_file=args.config_file,
+        config_text=args.config_text,
+        log_level=level,
+        log_format="text" if args.zap_encoder == "console" else "json",
+    )
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go duration (``50ms``, ``1m30s``) or a plain number of seconds."""
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        pos, value = 0, 0.0
+        for match in _DURATION.finditer(text):
+            if match.start() != pos:
+                break
+            value += float(match.group(1)) * _UNIT_S[match.group(2)]
+            pos = match.end()
+        if pos != len(text) or not text:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 50ms, 2s, 1m30s") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration can't be negative")
+    return value
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except errors.ConfigError as exc:
+        print(f"picker serve: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, settings.log_format)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(serve(settings))
+    except errors.ConfigError as exc:
+        log.error("configuration error: %s", exc)
+        return 2
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (optional; not a dependency), else asyncio's default."""
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+async def serve(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT, then drain and stop. Returns the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with serving(settings) as running:
+        log.info(
+            "picker serving",
+            extra={
+                "grpc_port": running.grpc_port,
+                "health_port": running.health_port,
+                "metrics_port": running.metrics_port,
+                "tls": running.certificate is not None,
+                "endpoints": len(running.store.current()),
+            },
+        )
+        await stop.wait()
+        stop.clear()
+        log.info("shutting down: health NOT_SERVING, draining", extra={"grace_s": settings.server.grace_period_s})
+        running.health.drain()
+        # Keep accepting streams a moment so gateways notice the health change before connections are refused;
+        # a second signal skips the wait.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.server.grace_period_s)
+    log.info("picker stopped")
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    settings: Settings,
+    *,
+    store: EndpointStore | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    config: SchedulerConfig | None = None,
+    resolver: Resolver | None = None,
+    admitter: Admitter | None = None,
+    scrape: bool = True,
+    pool_name: str = STATIC_POOL_NAME,
+) -> AsyncIterator[Running]:
+    """Start picker in this event loop; stop it (gracefully) on exit.
+
+    ``store``: an endpoint store to serve from (tests set its endpoints and metrics directly); by default a new
+    one with ``settings.static_endpoints`` published. ``scrape=False`` runs no metrics poller. Ports of 0 for
+    gRPC and health bind ephemeral ports (read them from the result); a metrics port of 0 disables /metrics.
+    """
+    server_settings = settings.server
+    store = store if store is not None else EndpointStore()
+    if settings.static_endpoints:
+        static.publish_static(store, settings.static_endpoints)
+    inflight = InflightTracker()
+    ctx = PluginContext(clock=clock, inflight=inflight)
+    if config is None:
+        if settings.config_file:
+            config = load_config_file(settings.config_file, ctx)
+        else:
+            config = load_config(settings.config_text, ctx)
+    scheduler = Scheduler(config, ctx)
+    director = Director(
+        store=store,
+        scheduler=scheduler,
+        inflight=inflight,
+        clock=clock,
+        settings=server_settings,
+        resolver=resolver,
+        admitter=admitter,
+    )
+    extproc = servicer.ExtProcServicer(StreamEnv(director=director, settings=server_settings, parser=config.parser))
+    health_servicer = health.HealthServicer()
+    _follow_store(store, health_servicer, inflight, scheduler)
+
+    max_message = max(server_settings.max_body_bytes, server_settings.max_response_buffer_bytes)
+    grpc_server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message + _MESSAGE_SLACK_BYTES),
+            ("grpc.max_send_message_length", max_message + _MESSAGE_SLACK_BYTES),
+            ("grpc.so_reuseport", 0),  # a second picker on the same port must fail, not share it
+        ]
+    )
+    servicer.add_to_server(extproc, grpc_server)
+    certificate: tls.CertificatePair | None = None
+    address = _address(server_settings.host, server_settings.grpc_port)
+    if server_settings.secure_serving:
+        certificate = (  # ECDSA P-256, not the reference's RSA-4096: see tls.py
+            tls.load_pair(server_settings.cert_path)
+            if server_settings.cert_path
+            else tls.self_signed((server_settings.host, os.environ.get("POD_IP", "")))
+        )
+    grpc_port = _bind(grpc_server, address, tls.server_credentials(certificate) if certificate else None)
+    health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health.add_to_server(health_servicer, health_server)
+    health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
+
+    collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
+    m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
+    metrics_runner: web.AppRunner | None = None
+    running: Running | None = None
+    try:
+        await health_server.start()
+        metrics_runner = await _start_metrics(server_settings.host, server_settings.metrics_port)
+        await grpc_server.start()
+        running = Running(
+            settings=settings,
+            store=store,
+            inflight=inflight,
+            scheduler=scheduler,
+            director=director,
+            health=health_servicer,
+            extproc=extproc,
+            grpc_port=grpc_port,
+            health_port=health_port,
+            metrics_port=server_settings.metrics_port or None,
+            certificate=certificate,
+        )
+        background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
+        ]
+        if scrape:
+            background.append(("scrape", lambda: poller.run(store=store, settings=settings.scrape, clock=clock)))
+        # The background TaskGroup runs in a supervisor task, so an exception in the caller's ``async with``
+        # body propagates as itself (not wrapped in an ExceptionGroup) and the guards keep crashes out of it.
+        running.supervisor = asyncio.create_task(_supervise(background), name="picker-background")
+        try:
+            yield running
+        finally:
+            health_servicer.drain()
+            # Refuse new streams; give in-flight ones the termination grace to finish.
+            await grpc_server.stop(server_settings.termination_grace_s)
+            running.supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running.supervisor
+    finally:
+        health_servicer.drain()
+        await grpc_server.stop(0)
+        await health_server.stop(0)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        REGISTRY.unregister(collector)
+
+
+def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    try:
+        if credentials is None:
+            return int(server.add_insecure_port(address))
+        return int(server.add_secure_port(address, credentials))
+    except RuntimeError as exc:  # grpc's "Failed to bind"
+        raise errors.ConfigError(f"cannot listen on {address}: {exc}") from exc
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _follow_store(
+    store: EndpointStore, health_servicer: health.HealthServicer, inflight: InflightTracker, scheduler: Scheduler
+) -> None:
+    """Health follows the sync state; in-flight and plugin state of endpoints that left the pool is dropped."""
+    keys: frozenset[str] = frozenset()
+
+    def on_snapshot(snap: EndpointSnapshot) -> None:
+        nonlocal keys
+        health_servicer.set_ready(snap.synced)
+        current = frozenset(e.key for e in snap.endpoints)
+        if current != keys:
+            keys = current
+            inflight.forget_except(current)
+            scheduler.endpoints_changed(current)
+
+    store.subscribe(on_snapshot)
+    on_snapshot(store.current())
+
+
+def _pod_stats(snap: EndpointSnapshot) -> Sequence[m.PodStats]:
+    return [
+        m.PodStats(
+            name=e.name,
+            waiting=e.metrics.waiting,
+            running=e.metrics.running,
+            kv_usage=e.metrics.kv_usage,
+            ready=not e.excluded,
+        )
+        for e in snap.endpoints
+    ]
+
+
+async def _supervise(tasks: Sequence[tuple[str, Callable[[], Awaitable[None]]]]) -> None:
+    """Run every background task, each behind a guard, in one TaskGroup until cancelled."""
+    async with asyncio.TaskGroup() as tg:
+        for name, start in tasks:
+            tg.create_task(_guard(name, start), name=f"picker-{name}")
+
+
+async def _guard(name: str, start: Callable[[], Awaitable[None]]) -> None:
+    """Run a background task; log a crash or an early return and restart it with backoff. Never raises."""
+    backoff_s = 1.0
+    while True:
+        began = time.monotonic()
+        try:
+            await start()
+            log.error("background task returned early; restarting", extra={"task": name})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task crashed; restarting", extra={"task": name})
+        if time.monotonic() - began > 60.0:
+            backoff_s = 1.0  # it ran a good while: a fresh failure, not a crash loop
+        await asyncio.sleep(backoff_s)
+        backoff_s = min(backoff_s * 2, 30.0)
+
+
+async def _start_metrics(host: str, port: int) -> web.AppRunner | None:
+    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams."""
+    if not port:
+        return None
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

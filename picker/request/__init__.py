@@ -1,4 +1,4 @@
-"""Request: headers + body → InferenceRequest, parsed once."""
+"""Request: headers + body → InferenceRequest, parsed once; model rewrite; response usage."""
 
 from picker.request.model import ApiKind, InferenceRequest, Subset
 

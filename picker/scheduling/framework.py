@@ -10,9 +10,10 @@ Plugins are synchronous and pure functions of their inputs plus their own state;
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint
@@ -21,10 +22,12 @@ from picker.request.model import InferenceRequest
 __all__ = [
     "Category",
     "CycleState",
+    "EndpointsChanged",
     "Filter",
     "Picker",
     "Plugin",
     "PluginContext",
+    "PluginTiming",
     "PostResponse",
     "PreRequest",
     "ProfileHandler",
@@ -45,10 +48,12 @@ class Category(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PluginContext:
-    """What a plugin may use besides its inputs: a clock and picker's own in-flight counts."""
+    """What a plugin may use besides its inputs: a clock, picker's own in-flight counts, a random source."""
 
     clock: Callable[[], float]
     inflight: InflightTracker
+    # The random source of pickers and tie-breaks; tests pass a seeded one.
+    rng: random.Random = field(default_factory=random.Random)
 
 
 class CycleState(dict[str, Any]):
@@ -124,6 +129,19 @@ class ProfileHandler(Plugin, Protocol):
         ...
 
 
+class PluginTiming(NamedTuple):
+    """How long one plugin took at one extension point (exported as inference_extension_plugin_duration_seconds).
+
+    Extension points use the reference names: ProfilePicker, Filter, Scorer, Picker, ProcessProfilesResults,
+    PreRequest, ResponseComplete. A NamedTuple: several are made per request.
+    """
+
+    extension_point: str
+    plugin_type: str
+    plugin_name: str
+    seconds: float
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulingResult:
     targets: tuple[Endpoint, ...]  # primary first
@@ -131,6 +149,9 @@ class SchedulingResult:
     runs: tuple[ProfileRun, ...]
     profile_results: Mapping[str, ProfileResult | None]
     duration_s: float = 0.0
+    plugin_timings: tuple[PluginTiming, ...] = ()
+    # The cycle's scratch space, handed on so PreRequest hooks reuse what scorers computed (e.g. prefix hashes).
+    cycle: CycleState | None = field(default=None, compare=False, repr=False)
 
     def explain(self) -> dict[str, Any]:
         """A JSON-able explanation: each plugin's score per endpoint, per profile."""
@@ -169,6 +190,13 @@ class PreRequest(Protocol):
     """Optional hook: called once the destination is chosen (e.g. a prefix index learns the pick)."""
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class EndpointsChanged(Protocol):
+    """Optional hook: the pool's membership changed; forget state of endpoints not in ``keys``."""
+
+    def endpoints_changed(self, keys: frozenset[str]) -> None: ...
 
 
 @runtime_checkable

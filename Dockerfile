@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# picker container image: `docker build -t picker:dev .` then `docker run picker:dev --help`.
+# Two stages: the builder makes a virtualenv from prebuilt wheels pinned by constraints.txt; the final stage
+# is the same slim Python with only that venv copied in (no pip cache, no compilers, no source tree).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+
+# Dependencies first, in their own layer: it is rebuilt only when pyproject.toml or constraints.txt change.
+# --only-binary keeps every dependency a prebuilt wheel, so the builder needs no compiler either.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['kube']))" > /tmp/requirements.txt \
+ && pip install --no-cache-dir --only-binary=:all: -c constraints.txt -r /tmp/requirements.txt
+
+# Then picker itself (no dependency resolution: they are all in the layer above).
+COPY README.md ./
+COPY picker ./picker
+RUN pip install --no-cache-dir --no-deps . \
+ && python -m compileall -q /opt/venv \
+ && picker --version
+
+FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="picker" \
+      org.opencontainers.image.description="Inference-aware endpoint picker (Gateway API Inference Extension EPP)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+
+COPY --from=builder /opt/venv /opt/venv
+# The chart runs with a read-only root filesystem: bytecode is precompiled above and never written at run time.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# 65532 is the conventional "nonroot" uid/gid; numeric so Kubernetes runAsNonRoot can verify it.
+USER 65532:65532
+WORKDIR /tmp
+# ext_proc gRPC, gRPC health, Prometheus metrics
+EXPOSE 9002 9003 9090
+ENTRYPOINT ["picker", "serve"]

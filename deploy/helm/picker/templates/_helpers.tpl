@@ -1,0 +1,120 @@
+{{/*
+Names. The pool is "<name>", every EPP object "<name>-epp" (as the reference chart), where <name> is
+fullnameOverride or the release name, cut so "<name>-epp" fits the 63-character label limit.
+*/}}
+{{- define "picker.name" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 59 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "picker.eppName" -}}
+{{- printf "%s-epp" (include "picker.name" .) -}}
+{{- end -}}
+
+{{- define "picker.poolName" -}}
+{{- default (include "picker.name" .) .Values.inferencePool.name -}}
+{{- end -}}
+
+{{- define "picker.serviceAccountName" -}}
+{{- default (include "picker.eppName" .) .Values.inferenceExtension.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "picker.selectorLabels" -}}
+app.kubernetes.io/name: picker
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end -}}
+
+{{- define "picker.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "picker.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "picker.image" -}}
+{{- $img := .Values.inferenceExtension.image -}}
+{{- $tag := default .Chart.AppVersion $img.tag -}}
+{{- if $img.registry -}}
+{{- printf "%s/%s:%s" $img.registry $img.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Leader election (active-passive) is on exactly when there is more than one replica. */}}
+{{- define "picker.leaderElection" -}}
+{{- if gt (int .Values.inferenceExtension.replicas) 1 -}}true{{- end -}}
+{{- end -}}
+
+{{/* gRPC health service names the probes ask for (protocol.md §11). */}}
+{{- define "picker.livenessService" -}}
+{{- if include "picker.leaderElection" . -}}liveness{{- else -}}inference-extension{{- end -}}
+{{- end -}}
+
+{{- define "picker.readinessService" -}}
+{{- if include "picker.leaderElection" . -}}readiness{{- else -}}inference-extension{{- end -}}
+{{- end -}}
+
+{{/*
+Checks the JSON schema cannot express: cross-key rules. Included once from the Deployment.
+*/}}
+{{- define "picker.validate" -}}
+{{- $ie := .Values.inferenceExtension -}}
+{{- if and (ne $ie.pluginsConfigFile "default-plugins.yaml") (not (hasKey $ie.pluginsCustomConfig $ie.pluginsConfigFile)) -}}
+{{- fail (printf "inferenceExtension.pluginsConfigFile %q is neither default-plugins.yaml nor a key of inferenceExtension.pluginsCustomConfig" $ie.pluginsConfigFile) -}}
+{{- end -}}
+{{- if and .Values.inferencePool.create (not .Values.inferencePool.modelServers.matchLabels) -}}
+{{- fail "inferencePool.modelServers.matchLabels is required when inferencePool.create is true: the labels of your model-server pods" -}}
+{{- end -}}
+{{- $pdb := $ie.podDisruptionBudget -}}
+{{- if $pdb.enabled -}}
+{{- if and (not (kindIs "invalid" $pdb.minAvailable)) (not (kindIs "invalid" $pdb.maxUnavailable)) -}}
+{{- fail "inferenceExtension.podDisruptionBudget: set minAvailable or maxUnavailable, not both (null the other)" -}}
+{{- end -}}
+{{- if and (eq (int $ie.replicas) 1) (eq (include "picker.pdbMinAvailable" .) "1") -}}
+{{- fail "inferenceExtension.podDisruptionBudget.minAvailable 1 with 1 replica would block every node drain; raise replicas or use maxUnavailable" -}}
+{{- end -}}
+{{- end -}}
+{{- $owned := list "pool-name" "pool-namespace" "pool-group" "grpc-port" "grpc-health-port" "metrics-port" "config-file" "config-text" "secure-serving" "cert-path" "ha-enable-leader-election" "zap-encoder" "endpoints" "endpoint-selector" "endpoint-target-ports" -}}
+{{- range $name, $_ := $ie.flags -}}
+{{- if has $name $owned -}}
+{{- fail (printf "inferenceExtension.flags.%s is set by the chart; use its own value key instead (docs/install-helm.md)" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The PodDisruptionBudget's minAvailable: the value set, or 1 when neither bound is set; "" with maxUnavailable. */}}
+{{- define "picker.pdbMinAvailable" -}}
+{{- $pdb := .Values.inferenceExtension.podDisruptionBudget -}}
+{{- if not (kindIs "invalid" $pdb.minAvailable) -}}{{ $pdb.minAvailable }}
+{{- else if kindIs "invalid" $pdb.maxUnavailable -}}1
+{{- end -}}
+{{- end -}}
+
+{{/* The reference default plugins, with the engine so picker reads the right metric names. */}}
+{{- define "picker.defaultPlugins" -}}
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+  parameters:
+    defaultEngine: {{ .Values.inferencePool.modelServerType }}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+{{- end -}}

@@ -1,0 +1,32 @@
+"""``picker bench NAME``: the benchmarks, each a module with ``configure(parser)`` and ``run(args)``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Protocol, cast
+
+__all__ = ["BENCHMARKS", "configure", "run"]
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "overhead": ("picker.bench.overhead", "picker vs a do-nothing ext_proc server over real gRPC"),
+    "scrape-parse": ("picker.bench.scrape_parse", "metrics page parser vs prometheus_client"),
+}
+
+
+class _Benchmark(Protocol):
+    def configure(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (module, help_text) in BENCHMARKS.items():
+        bench = cast(_Benchmark, importlib.import_module(module))
+        bench.configure(sub.add_parser(name, help=help_text))
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = cast(_Benchmark, importlib.import_module(BENCHMARKS[args.benchmark][0]))
+    return bench.run(args)

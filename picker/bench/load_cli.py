@@ -1,0 +1,184 @@
+"""``picker load``: drive a workload at an OpenAI-compatible URL and report TTFT/TPOT, throughput, Little's law.
+
+    picker load --url http://127.0.0.1:8000 --workload shared-prefix --rate 5 --requests 200
+    picker load --workload short-long --concurrency 4 --duration 30 --json out.json --plot out.png
+    picker load --workload sharegpt --rate 2,4,8,16 --requests 100 --plot sweep.png    # one stage per rate
+    picker load --workload fixed --fixed 512 --concurrency 1 --requests 3              # the seed's long stream
+
+The logic lives in ``load`` (run_load), ``workloads`` and ``report``; this module only parses flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from picker.bench import workloads as wl
+from picker.bench.load import LoadResult, LoadSpec, RequestRecord, run_load
+from picker.bench.report import plot, print_summary, summarize, to_json
+
+__all__ = ["WORKLOADS", "build_workload", "configure", "run"]
+
+WORKLOADS = ("shared-prefix", "multi-turn", "short-long", "sharegpt", "fixed")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (the server or the gateway)")
+    parser.add_argument("--model", help="model name (default: the first of GET /v1/models)")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--no-stream", dest="stream", action="store_false", help="non-streaming requests")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", help="Poisson arrival rate in req/s; a comma list runs one stage per rate")
+    load.add_argument("--concurrency", help="closed-loop concurrency; a comma list runs one stage per level")
+    parser.add_argument("--requests", type=int, default=100, help="request cap per stage (default 100)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds cap per stage (default 60)")
+    parser.add_argument("--drain-s", type=float, default=30.0, help="wait this long for in-flight at the end")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="per-request timeout")
+    parser.add_argument("--header", action="append", default=[], metavar="K:V", help="extra request header")
+    parser.add_argument("--seed", type=int, default=0)
+
+    w = parser.add_argument_group("workload")
+    w.add_argument("--workload", choices=WORKLOADS, default="sharegpt")
+    w.add_argument("--fixed", type=int, metavar="N", help="every answer exactly N tokens (ignore_eos)")
+    w.add_argument("--groups", type=int, default=8, help="shared-prefix: groups")
+    w.add_argument("--prompts-per-group", type=int, default=8, help="shared-prefix: prompts per group")
+    w.add_argument("--system-len", type=int, default=512, help="shared-prefix / multi-turn: system prompt tokens")
+    w.add_argument("--question-len", type=int, default=64, help="shared-prefix / multi-turn: question tokens")
+    w.add_argument("--output-len", type=int, default=64, help="answer tokens (shared-prefix, multi-turn, fixed)")
+    w.add_argument("--sessions", type=int, default=8, help="multi-turn: concurrent sessions")
+    w.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session")
+    w.add_argument("--answer-len", type=int, default=64, help="multi-turn: synthetic answer tokens in history")
+    w.add_argument("--prompt-len", type=int, default=256, help="fixed: prompt tokens")
+    w.add_argument("--long-fraction", type=float, default=0.2, help="short-long: share of 512-token streams")
+    w.add_argument("--lora", help="comma-separated adapters: each request goes to one of them")
+    w.add_argument("--lora-weights", help="comma-separated weights for --lora (e.g. 60,30,10)")
+
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", type=Path, help="write summary + per-request records as JSON")
+    o.add_argument("--plot", type=Path, help="write a PNG (TTFT/TPOT distributions, latency vs load)")
+    o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def build_workload(args: argparse.Namespace) -> wl.Workload:
+    name, seed = args.workload, args.seed
+    workload: wl.Workload
+    if name == "shared-prefix":
+        workload = wl.shared_prefix(
+            num_groups=args.groups,
+            prompts_per_group=args.prompts_per_group,
+            system_prompt_len=args.system_len,
+            question_len=args.question_len,
+            output_len=args.output_len,
+            seed=seed,
+        )
+    elif name == "multi-turn":
+        workload = wl.multi_turn_chat(
+            sessions=args.sessions,
+            turns=args.turns,
+            system_prompt_len=args.system_len,
+            question_len=args.question_len,
+            answer_len=args.answer_len,
+            output_len=args.output_len,
+            seed=seed,
+        )
+    elif name == "short-long":
+        workload = wl.short_long(long_fraction=args.long_fraction, seed=seed)
+    elif name == "sharegpt":
+        workload = wl.sharegpt_like(seed=seed)
+    else:
+        workload = wl.fixed_lengths(prompt_len=args.prompt_len, output_len=args.output_len, seed=seed)
+    if args.lora:
+        adapters = [a.strip() for a in args.lora.split(",") if a.strip()]
+        weights = [float(x) for x in args.lora_weights.split(",")] if args.lora_weights else None
+        workload = wl.multi_lora(workload, adapters, weights, seed=seed)
+    if args.fixed is not None:
+        workload = wl.with_fixed(workload, args.fixed)
+    return workload
+
+
+def _stages(args: argparse.Namespace) -> list[tuple[float | None, int | None]]:
+    if args.concurrency:
+        return [(None, int(c)) for c in args.concurrency.split(",") if c.strip()]
+    return [(float(r), None) for r in (args.rate or "1").split(",") if r.strip()]
+
+
+def _headers(raw: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for h in raw:
+        key, sep, value = h.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"--header wants K:V, got {h!r}")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+async def _run_stages(args: argparse.Namespace, workload: wl.Workload) -> list[LoadResult]:
+    results: list[LoadResult] = []
+    headers = _headers(args.header)
+    show = args.progress and sys.stdout.isatty()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for rate, concurrency in _stages(args):
+            spec = LoadSpec(
+                rate=rate,
+                concurrency=concurrency,
+                max_requests=args.requests,
+                max_duration_s=args.duration,
+                drain_s=args.drain_s,
+                timeout_s=args.timeout_s,
+                api=args.api,
+                model=args.model,
+                stream=args.stream,
+                seed=args.seed,
+                headers=headers,
+            )
+            if show:
+                result = await _with_progress(args, workload, spec, session)
+            else:
+                result = await run_load(args.url, workload, spec, session=session, workload_name=workload.name)
+            print_summary(summarize(result))
+            results.append(result)
+    return results
+
+
+async def _with_progress(
+    args: argparse.Namespace, workload: wl.Workload, spec: LoadSpec, session: aiohttp.ClientSession
+) -> LoadResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as progress:
+        mode = f"rate {spec.rate:g}/s" if spec.rate is not None else f"concurrency {spec.concurrency}"
+        task = progress.add_task(f"{workload.name} {mode}", total=spec.max_requests)
+        on_record: Callable[[RequestRecord], None] = lambda _rec: progress.advance(task)  # noqa: E731
+        return await run_load(
+            args.url, workload, spec, session=session, on_record=on_record, workload_name=workload.name
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        workload = build_workload(args)
+        _stages(args)
+        _headers(args.header)
+    except ValueError as exc:
+        print(f"picker load: {exc}", file=sys.stderr)
+        return 2
+    try:
+        results = asyncio.run(_run_stages(args, workload))
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        print(f"picker load: {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        doc = [to_json(r, summarize(r)) for r in results]
+        args.json.write_bytes(orjson.dumps(doc[0] if len(doc) == 1 else {"stages": doc}, option=orjson.OPT_INDENT_2))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if all(summarize(r).ok for r in results) else 1

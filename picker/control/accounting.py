@@ -1,0 +1,96 @@
+"""Per-request metrics: the director's one place that touches ``telemetry.metrics``.
+
+Labels follow the reference: ``model_name`` is what the client asked for, ``target_model_name`` what was sent
+upstream after any rewrite. Header-only requests have an empty model name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from picker import errors
+from picker.request.model import InferenceRequest
+from picker.scheduling.framework import PluginTiming, SchedulingResult
+from picker.telemetry import metrics as m
+from picker.telemetry.fast import Children
+
+__all__ = [
+    "completed",
+    "expired",
+    "failed",
+    "plugin_timings",
+    "released",
+    "routed",
+    "scheduled",
+    "scheduling_failed",
+]
+
+
+# Cached label children: this runs several times per request.
+_request_total = Children(m.REQUEST_TOTAL)
+_running = Children(m.RUNNING_REQUESTS)
+_attempts = Children(m.SCHEDULER_ATTEMPTS)
+_errors = Children(m.REQUEST_ERRORS)
+_scheduling_errors = Children(m.SCHEDULING_ERRORS)
+
+
+def scheduled(req: InferenceRequest, result: SchedulingResult) -> None:
+    m.SCHEDULER_E2E.observe(result.duration_s)
+    primary = result.targets[0] if result.targets else None
+    if primary is not None:
+        _attempts(
+            "success", req.target_model, primary.name, primary.labels.get("namespace", ""), str(primary.port)
+        ).inc()
+    plugin_timings(result.plugin_timings)
+
+
+def plugin_timings(timings: Iterable[PluginTiming]) -> None:
+    for t in timings:
+        m.PLUGIN_DURATION.labels(t.extension_point, t.plugin_type, t.plugin_name).observe(t.seconds)
+
+
+def scheduling_failed(req: InferenceRequest) -> None:
+    _attempts("failure", req.target_model, "", "", "").inc()
+
+
+def routed(req: InferenceRequest) -> None:
+    _request_total(req.model, req.target_model, str(req.priority)).inc()
+    _running(req.model).inc()
+    if req.body:
+        m.REQUEST_SIZES.labels(req.model, req.target_model).observe(len(req.body))
+
+
+def released(req: InferenceRequest) -> None:
+    _running(req.model).dec()
+
+
+def failed(err: errors.PickerError, req: InferenceRequest | None) -> None:
+    model, target = (req.model, req.target_model) if req is not None else ("", "")
+    _errors(model, target, err.code).inc()
+    _scheduling_errors(err.code).inc()
+
+
+def completed(
+    req: InferenceRequest,
+    *,
+    duration_s: float,
+    response_bytes: int,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+    cached_tokens: int | None,
+) -> None:
+    labels = (req.model, req.target_model)
+    m.REQUEST_DURATION.labels(*labels).observe(duration_s)
+    m.RESPONSE_SIZES.labels(*labels).observe(response_bytes)
+    if prompt_tokens is not None:
+        m.INPUT_TOKENS.labels(*labels).observe(prompt_tokens)
+    if completion_tokens is not None:
+        m.OUTPUT_TOKENS.labels(*labels).observe(completion_tokens)
+        if completion_tokens > 0:
+            m.NTPOT.labels(*labels).observe(duration_s / completion_tokens)
+    if cached_tokens is not None:
+        m.PROMPT_CACHED_TOKENS.labels(*labels).observe(cached_tokens)
+
+
+def expired(count: int) -> None:
+    m.INFLIGHT_EXPIRED.inc(count)

@@ -1,0 +1,311 @@
+"""The director: one request's flow from a parsed ``InferenceRequest`` to a destination, and back at completion.
+
+route:     candidates (snapshot, subset hint) → model rewrite header → resolver (objective priority,
+           InferenceModelRewrite; a seam, identity by default) → admission (a seam, admits all by default)
+           → scheduler → in-flight lease → PreRequest plugins.
+complete:  release the lease, observe TTFT/TPOT, record metrics, PostResponse plugins.
+
+Nothing here knows protobuf or gRPC; the ext_proc stream calls these methods and turns results and
+``PickerError``s into messages. Time comes from the injected clock.
+
+Leases of requests whose gateway never reports the response (NGINX Gateway Fabric, Envoy with response
+phases off) are *held* and released by ``expire`` once ``inflight_timeout_s`` has passed since routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from picker import errors
+from picker.control import accounting
+from picker.endpoints.inflight import InflightTracker, Lease
+from picker.endpoints.model import Endpoint
+from picker.endpoints.store import EndpointStore
+from picker.request import headers as hdr
+from picker.request import rewrite, subset
+from picker.request.model import InferenceRequest
+from picker.scheduling.framework import PluginTiming, ResponseInfo, SchedulingResult
+from picker.settings import ServerSettings
+
+__all__ = [
+    "DEFAULT_OUTPUT_TOKENS",
+    "MAX_EXPECTED_OUTPUT_TOKENS",
+    "Admitter",
+    "Director",
+    "Resolver",
+    "Routed",
+    "SchedulerLike",
+]
+
+log = logging.getLogger(__name__)
+
+NO_CANDIDATES = "failed to find endpoint candidates for serving the request"
+NO_PODS = "no pods available in datastore"
+
+# Expected output when a request names no max_tokens; max_tokens itself is an upper bound, so it is capped.
+DEFAULT_OUTPUT_TOKENS = 256
+MAX_EXPECTED_OUTPUT_TOKENS = 8192
+
+
+class SchedulerLike(Protocol):
+    """What the director needs of ``scheduling.scheduler.Scheduler``."""
+
+    def schedule(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult: ...
+
+    def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> Sequence[PluginTiming]: ...
+
+    def post_response(self, req: InferenceRequest, info: ResponseInfo) -> Sequence[PluginTiming]: ...
+
+
+class Resolver(Protocol):
+    """Seam for InferenceObjective priority and InferenceModelRewrite (the Kubernetes side fills it in).
+
+    Returns the request with ``priority`` set and, unless ``req.target_model != req.model`` already (the
+    rewrite header won), possibly rewritten via ``rewrite.rewrite_model``.
+    """
+
+    def __call__(self, req: InferenceRequest) -> InferenceRequest: ...
+
+
+class Admitter(Protocol):
+    """Seam for admission / flow control: return to admit, raise a ``PickerError`` to reject or shed.
+
+    Async so a flow-control queue can hold the request; the candidates are those the scheduler will see.
+    """
+
+    async def admit(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Routed:
+    """A routed request: what the response path needs to account for it."""
+
+    req: InferenceRequest
+    result: SchedulingResult | None
+    targets: tuple[Endpoint, ...]  # primary first
+    destination: str  # "ip:port[,ip:port…]"
+    lease: Lease | None
+    received_at: float
+    routed_at: float
+    first_byte_at: float | None = None
+    finished: bool = field(default=False)
+
+
+class Director:
+    def __init__(
+        self,
+        *,
+        store: EndpointStore,
+        scheduler: SchedulerLike,
+        inflight: InflightTracker,
+        clock: Callable[[], float],
+        settings: ServerSettings,
+        resolver: Resolver | None = None,
+        admitter: Admitter | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.inflight = inflight
+        self.clock = clock
+        self.settings = settings
+        self.resolver = resolver
+        self.admitter = admitter
+        self._rng = rng or random.Random()
+        # Held leases: (deadline, seq, routed); seq breaks ties without comparing Routed.
+        self._held: list[tuple[float, int, Routed]] = []
+        self._seq = itertools.count()
+
+    # -- request path ------------------------------------------------------------------------------------
+
+    def candidates(self, req: InferenceRequest) -> tuple[Endpoint, ...]:
+        eps = self.store.current().candidates()
+        if req.subset is not None and not self.settings.disable_subset_filter:
+            eps = tuple(subset.filter_candidates(eps, req.subset))
+        return eps
+
+    async def route(self, req: InferenceRequest, *, received_at: float | None = None) -> Routed:
+        """Choose the destination of a request whose body was parsed. Raises ``PickerError``."""
+        received = self.clock() if received_at is None else received_at
+        target = req.headers.get(hdr.MODEL_REWRITE)
+        if target and target != req.target_model:
+            req = rewrite.rewrite_model(req, target)
+        if self.resolver is not None:
+            req = self.resolver(req)
+        eps = self.candidates(req)
+        if not eps:
+            raise errors.ServiceUnavailable(NO_CANDIDATES)
+        if self.admitter is not None:
+            await self.admitter.admit(req, eps)
+        result = self._schedule(req, eps)
+        return self._routed(req, result, result.targets, received)
+
+    async def route_without_body(self, req: InferenceRequest, *, received_at: float | None = None) -> Routed:
+        """Route a request whose body picker will not see (EOS on headers, or a headers-only body mode).
+
+        The reference picks a random pod; picker runs the scheduler on what the headers tell (queue, KV and
+        in-flight scorers still apply) and falls back to a random candidate if the filters leave none.
+        """
+        received = self.clock() if received_at is None else received_at
+        if not self.store.current().endpoints:
+            raise errors.Internal(NO_PODS)
+        eps = self.candidates(req)
+        if not eps:
+            raise errors.ServiceUnavailable(NO_CANDIDATES)
+        try:
+            result: SchedulingResult | None = self._schedule(req, eps)
+        except errors.ResourceExhausted:
+            result = None
+        targets = result.targets if result is not None else (self._rng.choice(eps),)
+        return self._routed(req, result, targets, received)
+
+    def _schedule(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
+        try:
+            result = self.scheduler.schedule(req, eps)
+        except errors.ResourceExhausted:
+            accounting.scheduling_failed(req)
+            raise
+        accounting.scheduled(req, result)
+        return result
+
+    def _routed(
+        self, req: InferenceRequest, result: SchedulingResult | None, targets: tuple[Endpoint, ...], received: float
+    ) -> Routed:
+        if not targets:
+            raise errors.ServiceUnavailable(NO_CANDIDATES)
+        now = self.clock()
+        lease = self.inflight.acquire(targets[0].key, expected_tokens(req), now)
+        routed = Routed(
+            req=req,
+            result=result,
+            targets=targets,
+            destination=",".join(e.key for e in targets),
+            lease=lease,
+            received_at=received,
+            routed_at=now,
+        )
+        accounting.routed(req)
+        if result is not None:
+            accounting.plugin_timings(self.scheduler.pre_request(req, result))
+        return routed
+
+    def record_error(self, err: errors.PickerError, req: InferenceRequest | None) -> None:
+        accounting.failed(err, req)
+
+    # -- response path -----------------------------------------------------------------------------------
+
+    def first_byte(self, routed: Routed) -> None:
+        """The first response body bytes arrived: prefill is done (TTFT)."""
+        if routed.first_byte_at is not None or routed.finished:
+            return
+        now = self.clock()
+        routed.first_byte_at = now
+        if routed.lease is not None:
+            self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
+            self.inflight.observe(routed.lease.endpoint_key, ttft_s=now - routed.routed_at)
+
+    def complete(
+        self,
+        routed: Routed,
+        *,
+        status: int | None = None,
+        response_bytes: int = 0,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        served_key: str | None = None,
+    ) -> None:
+        """The response finished (EOS or trailers): release, observe, run PostResponse plugins. Idempotent."""
+        if routed.finished:
+            return
+        now = self.clock()
+        ttft = routed.first_byte_at - routed.routed_at if routed.first_byte_at is not None else None
+        duration = now - routed.received_at
+        key = served_key or (routed.lease.endpoint_key if routed.lease else routed.targets[0].key)
+        if routed.first_byte_at is not None and completion_tokens and completion_tokens > 1:
+            self.inflight.observe(key, tpot_s=(now - routed.first_byte_at) / (completion_tokens - 1))
+        self._finish(routed)
+        accounting.completed(
+            routed.req,
+            duration_s=duration,
+            response_bytes=response_bytes,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+        )
+        info = ResponseInfo(
+            endpoint_key=key,
+            status=status,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            ttft_s=ttft,
+            duration_s=duration,
+        )
+        self._post_response(routed, info)
+
+    def abandon(self, routed: Routed) -> None:
+        """The stream ended mid-response (client gone, proxy reset): release now."""
+        if routed.finished:
+            return
+        self._finish(routed)
+        key = routed.lease.endpoint_key if routed.lease else routed.targets[0].key
+        self._post_response(routed, ResponseInfo(endpoint_key=key, duration_s=self.clock() - routed.received_at))
+
+    def hold(self, routed: Routed) -> None:
+        """No response phase will come: keep the lease until ``inflight_timeout_s`` after routing."""
+        if routed.finished:
+            return
+        deadline = routed.routed_at + self.settings.inflight_timeout_s
+        heapq.heappush(self._held, (deadline, next(self._seq), routed))
+
+    def expire(self, now: float | None = None) -> int:
+        """Release held leases whose deadline passed. Returns how many were released."""
+        now = self.clock() if now is None else now
+        released = 0
+        while self._held and self._held[0][0] <= now:
+            _, _, routed = heapq.heappop(self._held)
+            if routed.finished:
+                continue
+            self._finish(routed)
+            released += 1
+            key = routed.lease.endpoint_key if routed.lease else routed.targets[0].key
+            self._post_response(routed, ResponseInfo(endpoint_key=key))
+        if released:
+            accounting.expired(released)
+        return released
+
+    @property
+    def held(self) -> int:
+        return sum(1 for _, _, r in self._held if not r.finished)
+
+    async def run_expiry(self, *, interval_s: float = 1.0) -> None:
+        """Background task: sweep held leases until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.expire()
+
+    def _finish(self, routed: Routed) -> None:
+        routed.finished = True
+        if routed.lease is not None:
+            self.inflight.release(routed.lease)
+        accounting.released(routed.req)
+
+    def _post_response(self, routed: Routed, info: ResponseInfo) -> None:
+        try:
+            accounting.plugin_timings(self.scheduler.post_response(routed.req, info))
+        except Exception:  # a plugin bug must not break the response path
+            log.exception("post_response plugin failed", extra={"request_id": routed.req.request_id})
+
+
+def expected_tokens(req: InferenceRequest) -> int:
+    """Tokens a request will occupy on its endpoint: its prompt plus the output it expects."""
+    out = req.max_tokens if req.max_tokens is not None and req.max_tokens > 0 else DEFAULT_OUTPUT_TOKENS
+    return req.prompt_tokens + min(out, MAX_EXPECTED_OUTPUT_TOKENS)

@@ -1,0 +1,112 @@
+"""The approximate prefix index: which endpoints have recently been sent which prompt blocks.
+
+Block hashes (scheduling.md §4): the prompt text's UTF-8 bytes cut into blocks of ``block_bytes`` (block size in
+tokens x 4 characters; the reference cuts bytes too), truncated to ``max_blocks``; the trailing partial block is
+hashed as well; a prompt shorter than one block has no hashes. h₀ = xxh64(target model ‖ cache_salt),
+hᵢ = xxh64(blockᵢ ‖ little-endian uint64(hᵢ₋₁)): each hash stands for the whole prefix up to its block.
+
+The index maps hash → set of endpoint keys, with one LRU of hashes per endpoint (capacity in blocks). Learning
+inserts a request's hashes from last to first, so a prefix's first blocks are the most recently used and are
+evicted after their extensions (the match walk stops at the first hash nobody holds, so an evicted first
+block would hide every later one).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import xxhash
+
+__all__ = ["PrefixIndex", "prefix_hashes"]
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+def prefix_hashes(text: str, block_bytes: int, max_blocks: int, model: str, salt: str = "") -> tuple[int, ...]:
+    """The chained block hashes of ``text`` (empty when it is shorter than one block)."""
+    data = text.encode()
+    n = len(data)
+    if n < block_bytes or block_bytes <= 0 or max_blocks <= 0:
+        return ()
+    limit = block_bytes * max_blocks
+    if n > limit:
+        data = data[:limit]
+        n = limit
+    prev = _xxh64((model + salt).encode())
+    out: list[int] = []
+    for start in range(0, n, block_bytes):
+        prev = _xxh64(data[start : start + block_bytes] + prev.to_bytes(8, "little"))
+        out.append(prev)
+    return tuple(out)
+
+
+class PrefixIndex:
+    """hash → endpoints holding it, with a per-endpoint LRU bound."""
+
+    __slots__ = ("_capacity", "_holders", "_lru")
+
+    def __init__(self, capacity_per_endpoint: int) -> None:
+        self._capacity = capacity_per_endpoint
+        self._holders: dict[int, set[str]] = {}
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+
+    @property
+    def size(self) -> int:
+        """Distinct block hashes held by any endpoint."""
+        return len(self._holders)
+
+    def endpoint_blocks(self, key: str) -> int:
+        lru = self._lru.get(key)
+        return len(lru) if lru is not None else 0
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Endpoint key → blocks it holds, walking from the first hash until one that no endpoint holds."""
+        counts: dict[str, int] = {}
+        holders_of = self._holders
+        for h in hashes:
+            holders = holders_of.get(h)
+            if not holders:
+                break
+            for key in holders:
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def add(self, key: str, hashes: Sequence[int], capacity: int | None = None) -> None:
+        """Record that endpoint ``key`` now holds ``hashes``; evict its least recently used beyond capacity."""
+        if not hashes:
+            return
+        lru = self._lru.get(key)
+        if lru is None:
+            lru = self._lru[key] = OrderedDict()
+        holders_of = self._holders
+        for h in reversed(hashes):
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                holders = holders_of.get(h)
+                if holders is None:
+                    holders_of[h] = {key}
+                else:
+                    holders.add(key)
+        limit = capacity if capacity and capacity > 0 else self._capacity
+        while len(lru) > limit:
+            old, _ = lru.popitem(last=False)
+            self._drop(old, key)
+
+    def retain(self, keys: Iterable[str]) -> list[str]:
+        """Forget every endpoint not in ``keys``; returns the forgotten keys."""
+        keep = set(keys)
+        gone = [k for k in self._lru if k not in keep]
+        for key in gone:
+            for h in self._lru.pop(key):
+                self._drop(h, key)
+        return gone
+
+    def _drop(self, h: int, key: str) -> None:
+        holders = self._holders.get(h)
+        if holders is not None:
+            holders.discard(key)
+            if not holders:
+                del self._holders[h]

@@ -1,0 +1,51 @@
+"""queue-scorer: prefer endpoints with shorter waiting queues.
+
+Type ``queue-scorer`` (Distribution). Input: each candidate's scraped waiting-queue length ``q``
+(``vllm:num_requests_waiting``). Score ``(maxQ - q) / (maxQ - minQ)`` over the candidates; all equal ⇒ 1.0.
+No parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from picker.endpoints.model import Endpoint
+from picker.request.model import InferenceRequest
+from picker.scheduling.framework import Category, CycleState, PluginContext, Scorer
+from picker.scheduling.scores import ScoreVector
+from picker.scheduling.spec import PluginParams, PluginSpec
+
+__all__ = ["SPEC", "TYPE", "Params", "QueueScorer", "create"]
+
+TYPE = "queue-scorer"
+
+
+class Params(PluginParams):
+    """No parameters."""
+
+
+class QueueScorer:
+    type: ClassVar[str] = TYPE
+    category: ClassVar[Category] = Category.DISTRIBUTION
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
+        queues = [e.metrics.waiting for e in endpoints]
+        if not queues:
+            return ScoreVector(endpoints, [])
+        low, high = min(queues), max(queues)
+        if high == low:
+            return ScoreVector.constant(endpoints, 1.0)
+        span = high - low
+        return ScoreVector(endpoints, [(high - q) / span for q in queues])
+
+
+def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
+    return QueueScorer(name)
+
+
+SPEC = PluginSpec(TYPE, Params, create)

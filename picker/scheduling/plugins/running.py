@@ -1,0 +1,51 @@
+"""running-requests-size-scorer: prefer endpoints running fewer requests.
+
+Type ``running-requests-size-scorer`` (Distribution). Input: each candidate's scraped running-request count ``r``
+(``vllm:num_requests_running``). Score ``(maxR - r) / (maxR - minR)`` over the candidates; all equal ⇒ 1.0.
+No parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from picker.endpoints.model import Endpoint
+from picker.request.model import InferenceRequest
+from picker.scheduling.framework import Category, CycleState, PluginContext, Scorer
+from picker.scheduling.scores import ScoreVector
+from picker.scheduling.spec import PluginParams, PluginSpec
+
+__all__ = ["SPEC", "TYPE", "Params", "RunningRequestsScorer", "create"]
+
+TYPE = "running-requests-size-scorer"
+
+
+class Params(PluginParams):
+    """No parameters."""
+
+
+class RunningRequestsScorer:
+    type: ClassVar[str] = TYPE
+    category: ClassVar[Category] = Category.DISTRIBUTION
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
+        counts = [e.metrics.running for e in endpoints]
+        if not counts:
+            return ScoreVector(endpoints, [])
+        low, high = min(counts), max(counts)
+        if high == low:
+            return ScoreVector.constant(endpoints, 1.0)
+        span = high - low
+        return ScoreVector(endpoints, [(high - r) / span for r in counts])
+
+
+def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
+    return RunningRequestsScorer(name)
+
+
+SPEC = PluginSpec(TYPE, Params, create)

@@ -1,0 +1,140 @@
+"""A scheduling profile: filters in order → weighted, clamped scorers → picker.
+
+Every scorer's score is clamped to [0, 1] (NaN ⇒ 0; a missing endpoint ⇒ 0), multiplied by the profile's
+weight for that scorer, and summed per endpoint. The run records each scorer's clamped score per endpoint
+(the explanation) and each plugin's duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
+
+from picker.endpoints.model import Endpoint
+from picker.request.model import InferenceRequest
+from picker.scheduling.framework import (
+    CycleState,
+    Filter,
+    Picker,
+    PluginTiming,
+    ProfileResult,
+    ProfileRun,
+    ScoredEndpoint,
+    Scorer,
+)
+from picker.scheduling.scores import ScoreVector
+
+__all__ = ["Profile", "ProfileOutcome", "RankedPicker", "WeightedScorer"]
+
+FILTER, SCORER, PICKER = "Filter", "Scorer", "Picker"
+
+
+@runtime_checkable
+class RankedPicker(Protocol):
+    """A picker that also takes endpoints and totals as parallel sequences (the built-ins do): the profile then
+    builds no ScoredEndpoint per endpoint per cycle."""
+
+    def pick_ranked(
+        self, endpoints: Sequence[Endpoint], totals: Sequence[float], cycle: CycleState
+    ) -> ProfileResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileOutcome:
+    run: ProfileRun
+    failure: str | None  # why the profile has no result (None when it has one)
+
+
+class Profile:
+    """One named profile of a configuration. Immutable after loading."""
+
+    __slots__ = ("_ranked", "_weights", "filters", "name", "picker", "scorers")
+
+    def __init__(self, name: str, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker) -> None:
+        self.name = name
+        self.filters = tuple(filters)
+        self.scorers = tuple(scorers)
+        self.picker = picker
+        self._weights: Mapping[str, float] = MappingProxyType({w.scorer.name: w.weight for w in self.scorers})
+        ranked = picker.pick_ranked if isinstance(picker, RankedPicker) else None
+        self._ranked: Callable[[Sequence[Endpoint], Sequence[float], CycleState], ProfileResult] | None = ranked
+
+    @property
+    def weights(self) -> Mapping[str, float]:
+        return self._weights
+
+    def run(
+        self,
+        req: InferenceRequest,
+        candidates: Sequence[Endpoint],
+        cycle: CycleState,
+        timings: list[PluginTiming],
+    ) -> ProfileOutcome:
+        endpoints = candidates
+        filtered: dict[str, tuple[str, ...]] = {}
+        for f in self.filters:
+            t0 = perf_counter()
+            endpoints = f.filter(req, endpoints, cycle)
+            timings.append(PluginTiming(FILTER, f.type, f.name, perf_counter() - t0))
+            filtered[f.name] = tuple(e.key for e in endpoints)
+            if not endpoints:
+                why = f"filter {f.name!r} ({f.type}) left no endpoints in profile {self.name!r}"
+                return ProfileOutcome(self._run([e.key for e in candidates], {}, [], None, filtered), why)
+
+        keys = [e.key for e in endpoints]
+        totals = [0.0] * len(endpoints)
+        scores: dict[str, Mapping[str, float]] = {}
+        for ws in self.scorers:
+            scorer = ws.scorer
+            t0 = perf_counter()
+            raw = scorer.score(req, endpoints, cycle)
+            timings.append(PluginTiming(SCORER, scorer.type, scorer.name, perf_counter() - t0))
+            if type(raw) is ScoreVector and raw.endpoints is endpoints:
+                values = raw.scores  # positional: no endpoint hashing
+            else:
+                values = [raw.get(e, 0.0) for e in endpoints]
+            # Clamp into [0, 1]; NaN ⇒ 0 (``not v > 0``). Inline: this runs per endpoint per scorer.
+            clamped = [(v if v <= 1.0 else 1.0) if v > 0.0 else 0.0 for v in values]
+            weight = ws.weight
+            totals = [t + weight * c for t, c in zip(totals, clamped, strict=True)]
+            scores[scorer.name] = dict(zip(keys, clamped, strict=True))
+
+        picker = self.picker
+        t0 = perf_counter()
+        if self._ranked is not None:
+            result: ProfileResult | None = self._ranked(endpoints, totals, cycle)
+        else:
+            result = picker.pick([ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)], cycle)
+        timings.append(PluginTiming(PICKER, picker.type, picker.name, perf_counter() - t0))
+        failure: str | None = None
+        if result is None or not result.targets:
+            result = None
+            failure = f"picker {picker.name!r} ({picker.type}) chose no endpoint in profile {self.name!r}"
+        return ProfileOutcome(self._run(keys, scores, totals, result, filtered), failure)
+
+    def _run(
+        self,
+        keys: list[str],
+        scores: Mapping[str, Mapping[str, float]],
+        totals: Sequence[float],
+        result: ProfileResult | None,
+        filtered: Mapping[str, tuple[str, ...]],
+    ) -> ProfileRun:
+        return ProfileRun(
+            profile=self.name,
+            candidates=tuple(keys),
+            scores=scores,
+            weights=self._weights,
+            totals=dict(zip(keys, totals, strict=False)),
+            result=result,
+            filtered=filtered,
+        )

@@ -1,0 +1,167 @@
+"""The scheduler: the profile-handler loop over a configuration's profiles, and the plugin hooks around it.
+
+``schedule`` asks the profile handler which profiles to run, runs them (filters → weighted scorers → picker),
+repeats until the handler names none, and returns the primary profile's targets with the explanation and each
+plugin's duration. ``pre_request`` / ``post_response`` fan out to the plugins implementing those hooks;
+``on_snapshot`` tells plugins with per-endpoint state which endpoints left the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from time import perf_counter
+
+import orjson
+
+from picker import errors
+from picker.endpoints.model import Endpoint, EndpointSnapshot
+from picker.request.model import InferenceRequest
+from picker.scheduling.config import SchedulerConfig
+from picker.scheduling.framework import (
+    CycleState,
+    EndpointsChanged,
+    PluginContext,
+    PluginTiming,
+    PostResponse,
+    PreRequest,
+    ProfileResult,
+    ProfileRun,
+    ResponseInfo,
+    SchedulingResult,
+)
+
+__all__ = ["NO_CANDIDATES", "Scheduler"]
+
+log = logging.getLogger(__name__)
+
+NO_CANDIDATES = "failed to find endpoint candidates for serving the request"
+PROFILE_PICKER, PROCESS_RESULTS = "ProfilePicker", "ProcessProfilesResults"
+PRE_REQUEST, RESPONSE_COMPLETE = "PreRequest", "ResponseComplete"
+# A handler that keeps naming new profiles is a bug; stop rather than loop forever.
+_MAX_ROUNDS = 16
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, ctx: PluginContext) -> None:
+        self.config = config
+        self._ctx = ctx
+        self._handler = config.profile_handler
+        self._profiles = config.profiles
+        plugins = list(config.plugins.values())
+        for profile in config.profiles.values():  # the implied default picker is in no plugins list
+            if profile.picker not in plugins:
+                plugins.append(profile.picker)
+        if self._handler not in plugins:
+            plugins.append(self._handler)
+        self._pre_request = tuple(p for p in plugins if isinstance(p, PreRequest))
+        self._post_response = tuple(p for p in plugins if isinstance(p, PostResponse))
+        self._endpoint_watchers = tuple(p for p in plugins if isinstance(p, EndpointsChanged))
+        self._known_keys: frozenset[str] | None = None
+
+    def schedule(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult:
+        """Choose the destination of ``req`` among ``candidates`` (already subset-filtered).
+
+        Raises ``errors.ServiceUnavailable`` when there are no candidates and ``errors.ResourceExhausted`` when
+        the primary profile ends with no endpoint (filtered out).
+        """
+        started = perf_counter()
+        if not candidates:
+            raise errors.ServiceUnavailable(NO_CANDIDATES)
+        handler = self._handler
+        profiles = self._profiles
+        cycle = CycleState()
+        results: dict[str, ProfileResult | None] = {}
+        runs: list[ProfileRun] = []
+        timings: list[PluginTiming] = []
+        failures: dict[str, str] = {}
+        for _ in range(_MAX_ROUNDS):
+            t0 = perf_counter()
+            names = handler.pick_profiles(req, profiles, results, cycle)
+            timings.append(PluginTiming(PROFILE_PICKER, handler.type, handler.name, perf_counter() - t0))
+            todo = [n for n in names if n not in results]
+            if not todo:
+                break
+            for name in todo:
+                profile = profiles.get(name)
+                if profile is None:
+                    raise errors.Internal(f"profile handler {handler.name!r} picked unknown profile {name!r}")
+                outcome = profile.run(req, candidates, cycle, timings)
+                runs.append(outcome.run)
+                results[name] = outcome.run.result
+                if outcome.failure is not None:
+                    failures[name] = outcome.failure
+        t0 = perf_counter()
+        primary = handler.primary(results)
+        timings.append(PluginTiming(PROCESS_RESULTS, handler.type, handler.name, perf_counter() - t0))
+        chosen = results.get(primary)
+        if chosen is None or not chosen.targets:
+            why = failures.get(primary) or f"scheduling profile {primary!r} produced no result"
+            log.debug("request %s: no target: %s", req.request_id, why)
+            raise errors.ResourceExhausted(f"failed to find target endpoint: {why}")
+        result = SchedulingResult(
+            targets=chosen.targets,
+            primary_profile=primary,
+            runs=tuple(runs),
+            profile_results=results,
+            duration_s=perf_counter() - started,
+            plugin_timings=tuple(timings),
+            cycle=cycle,
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %s model %s -> %s explain=%s",
+                req.request_id,
+                req.target_model,
+                ",".join(e.key for e in result.targets),
+                orjson.dumps(result.explain()).decode(),
+            )
+        return result
+
+    def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> tuple[PluginTiming, ...]:
+        """Tell PreRequest plugins the destination is chosen. A failing plugin is logged, not fatal."""
+        timings: list[PluginTiming] = []
+        for plugin in self._pre_request:
+            t0 = perf_counter()
+            try:
+                plugin.pre_request(req, result)
+            except Exception:
+                log.exception("PreRequest plugin %s failed for request %s", _label(plugin), req.request_id)
+            timings.append(PluginTiming(PRE_REQUEST, *_type_name(plugin), perf_counter() - t0))
+        return tuple(timings)
+
+    def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
+        """Tell PostResponse plugins the response completed. A failing plugin is logged, not fatal."""
+        timings: list[PluginTiming] = []
+        for plugin in self._post_response:
+            t0 = perf_counter()
+            try:
+                plugin.post_response(req, info)
+            except Exception:
+                log.exception("PostResponse plugin %s failed for request %s", _label(plugin), req.request_id)
+            timings.append(PluginTiming(RESPONSE_COMPLETE, *_type_name(plugin), perf_counter() - t0))
+        return tuple(timings)
+
+    def endpoints_changed(self, keys: frozenset[str]) -> None:
+        """The pool is now ``keys``: plugins forget state of endpoints that left."""
+        self._known_keys = keys
+        for plugin in self._endpoint_watchers:
+            try:
+                plugin.endpoints_changed(keys)
+            except Exception:
+                log.exception("plugin %s failed to drop departed endpoints", _label(plugin))
+
+    def on_snapshot(self, snapshot: EndpointSnapshot) -> None:
+        """An ``EndpointStore`` listener: acts only when membership changed (not on every metrics update)."""
+        keys = frozenset(e.key for e in snapshot.endpoints)
+        if keys != self._known_keys:
+            self.endpoints_changed(keys)
+
+
+def _type_name(plugin: object) -> tuple[str, str]:
+    return str(getattr(plugin, "type", type(plugin).__name__)), str(getattr(plugin, "name", ""))
+
+
+def _label(plugin: object) -> str:
+    plugin_type, name = _type_name(plugin)
+    return f"{name!r} ({plugin_type})"

@@ -1,0 +1,57 @@
+"""ScoreVector: a scorer's result as a list in candidate order, readable as the ``Mapping`` the protocol names.
+
+Hashing an ``Endpoint`` runs Python code (its dataclass ``__hash__``), and a cycle would hash every endpoint
+once per scorer to build the result and again to read it. The built-in scorers return a ``ScoreVector`` over
+the very sequence they were given; the profile then reads the scores by position. Any other ``Mapping`` works
+too, through ``get``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+from picker.endpoints.model import Endpoint
+
+__all__ = ["ScoreVector"]
+
+
+class ScoreVector(Mapping[Endpoint, float]):
+    __slots__ = ("_index", "endpoints", "scores")
+
+    def __init__(self, endpoints: Sequence[Endpoint], scores: list[float]) -> None:
+        if len(endpoints) != len(scores):
+            raise ValueError(f"{len(scores)} scores for {len(endpoints)} endpoints")
+        self.endpoints = endpoints
+        self.scores = scores
+        self._index: dict[str, int] | None = None
+
+    @classmethod
+    def constant(cls, endpoints: Sequence[Endpoint], value: float) -> ScoreVector:
+        return cls(endpoints, [value] * len(endpoints))
+
+    def __getitem__(self, endpoint: Endpoint) -> float:
+        index = self._index
+        if index is None:
+            index = self._index = {e.key: i for i, e in enumerate(self.endpoints)}
+        return self.scores[index[endpoint.key]]
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self.endpoints)
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    def __contains__(self, endpoint: object) -> bool:
+        key = getattr(endpoint, "key", None)
+        if key is None:
+            return False
+        index = self._index
+        if index is None:
+            index = self._index = {e.key: i for i, e in enumerate(self.endpoints)}
+        return key in index
+
+    def __repr__(self) -> str:
+        return f"ScoreVector({dict(zip((e.key for e in self.endpoints), self.scores, strict=True))!r})"
+
+    def as_dict(self) -> Mapping[str, float]:
+        return dict(zip((e.key for e in self.endpoints), self.scores, strict=True))

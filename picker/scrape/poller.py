@@ -1,0 +1,237 @@
+"""The scrape loop: polls every endpoint's ``/metrics`` each ``interval_s`` and publishes what it read.
+
+One tick: take ``store.current()``; start a poll for each endpoint with a ``metrics_url`` that has none in
+flight (a slow endpoint's next poll waits for its previous one, so polls never pile up); wait until this
+tick's polls are done or the tick is over; publish every finished poll's metrics in **one**
+``store.update_metrics``; feed the outcomes to the ``FreshnessTracker`` and apply its transitions
+(``store.set_excluded``, one log line each, metrics). A poll still running at the end of a tick is collected
+at a later one; a poll of an endpoint that left the pool is cancelled.
+
+Each poll: one GET on a shared keep-alive ``aiohttp.ClientSession``, ``timeout_s`` for request and body, the
+body capped at ``max_response_bytes``, then ``engines.extract``. On failure nothing of the endpoint is updated
+(its old metrics and ``updated_at`` stay), as in the reference; the tracker decides exclusion. Errors are logged
+on state changes only (ok→failing, failing→ok, excluded, readmitted), never per poll.
+
+Requests ask for the classic text format (``Accept: text/plain``) uncompressed (``Accept-Encoding:
+identity``): a vLLM server would otherwise gzip its ~50 KB page at level 9 ten times a second on the event loop
+that streams tokens, to save in-cluster bandwidth nobody is short of. TLS certificates of ``https`` metrics URLs
+are not verified (the reference's ``insecureSkipVerify: true`` default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from picker.endpoints.freshness import Change, FreshnessTracker, Transition
+from picker.endpoints.model import Endpoint, EndpointMetrics
+from picker.endpoints.store import EndpointStore
+from picker.scrape import engines
+from picker.scrape.errors import REASONS, ScrapeError
+from picker.settings import ScrapeSettings
+from picker.telemetry import scrape as telemetry
+
+__all__ = ["run"]
+
+logger = logging.getLogger(__name__)
+
+_HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "identity"}
+_READ_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    key: str
+    metrics: EndpointMetrics | None
+    error: ScrapeError | None
+
+
+async def run(
+    *,
+    store: EndpointStore,
+    settings: ScrapeSettings,
+    clock: Callable[[], float],
+    session: aiohttp.ClientSession | None = None,
+) -> None:
+    """Poll the store's endpoints until cancelled. ``session`` is used as given (and not closed) if passed."""
+    owned = session is None
+    if session is None:
+        # No total connection limit (one poll per endpoint at a time bounds it); 2 per host:port as the reference.
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=2, keepalive_timeout=30.0)
+        session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+    poller = _Poller(store, settings, clock, session)
+    try:
+        await poller.loop()
+    finally:
+        await poller.cancel_polls()
+        if owned:
+            await session.close()
+
+
+class _Poller:
+    def __init__(
+        self,
+        store: EndpointStore,
+        settings: ScrapeSettings,
+        clock: Callable[[], float],
+        session: aiohttp.ClientSession,
+    ) -> None:
+        if settings.interval_s <= 0 or settings.timeout_s <= 0 or settings.max_response_bytes <= 0:
+            raise ValueError("scrape interval_s, timeout_s and max_response_bytes must be positive")
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._session = session
+        self._tracker = FreshnessTracker.from_settings(settings, clock)
+        self._urls: dict[str, str] = {}  # tracked endpoint key -> metrics URL
+        self._inflight: dict[str, asyncio.Task[_Outcome]] = {}
+        self._errors: dict[str, ScrapeError] = {}  # last error per failing endpoint, for the log
+        self._warned_engines: set[str] = set()
+
+    async def loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval_s = self._settings.interval_s
+        next_tick = loop.time()
+        while True:
+            next_tick += interval_s
+            started = self._start_polls()
+            if started:
+                await asyncio.wait(started, timeout=max(0.0, next_tick - loop.time()))
+            self._collect()
+            delay = next_tick - loop.time()
+            if delay < 0:  # fell behind (a long pause): start afresh rather than burst
+                next_tick = loop.time()
+                delay = 0.0
+            await asyncio.sleep(delay)
+
+    async def cancel_polls(self) -> None:
+        tasks = list(self._inflight.values())
+        self._inflight.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start_polls(self) -> list[asyncio.Task[_Outcome]]:
+        targets = {e.key: e for e in self._store.current().endpoints if e.metrics_url}
+        for key, url in list(self._urls.items()):
+            target = targets.get(key)
+            if target is None or target.metrics_url != url:  # left the pool, or a new URL: start over
+                self._drop(key)
+        for key, ep in targets.items():
+            if key not in self._urls:
+                assert ep.metrics_url is not None
+                self._urls[key] = ep.metrics_url
+                self._warn_unknown_engine(ep)
+        self._tracker.sync(self._urls)
+        started: list[asyncio.Task[_Outcome]] = []
+        for key, ep in targets.items():
+            if key not in self._inflight:
+                task = asyncio.create_task(self._poll(ep), name=f"scrape {key}")
+                self._inflight[key] = task
+                started.append(task)
+        return started
+
+    def _drop(self, key: str) -> None:
+        del self._urls[key]
+        task = self._inflight.pop(key, None)
+        if task is not None:
+            task.cancel()
+        self._tracker.forget(key)
+        self._errors.pop(key, None)
+        telemetry.forget_endpoint(key, REASONS)
+
+    def _collect(self) -> None:
+        updates: dict[str, EndpointMetrics] = {}
+        transitions: list[Transition] = []
+        for key, task in list(self._inflight.items()):
+            if not task.done():
+                continue
+            del self._inflight[key]
+            outcome = task.result()
+            if outcome.metrics is not None:
+                updates[key] = outcome.metrics
+                transitions += self._tracker.success(key)
+            elif outcome.error is not None:
+                self._errors[key] = outcome.error
+                telemetry.SCRAPE_ERRORS.labels(key, outcome.error.reason).inc()
+                transitions += self._tracker.failure(key, outcome.error.reason, outcome.error.message)
+        if updates:
+            self._store.update_metrics(updates)
+        transitions += self._tracker.check()
+        self._apply(transitions)
+        for key in self._urls:
+            age_s = self._tracker.age_s(key)
+            if age_s is not None:
+                telemetry.METRICS_AGE.labels(key).set(age_s)
+
+    def _apply(self, transitions: list[Transition]) -> None:
+        excluded: dict[str, bool] = {}
+        for t in transitions:
+            url = self._urls.get(t.key, "")
+            extra = {"endpoint": t.key, "metrics_url": url, "reason": t.reason}
+            if t.change is Change.FAILING:
+                logger.warning("scrape of %s (%s) failing: %s: %s", t.key, url, t.reason, t.detail, extra=extra)
+            elif t.change is Change.OK:
+                logger.info("scrape of %s ok again %s", t.key, t.detail, extra=extra)
+                self._errors.pop(t.key, None)
+            elif t.change is Change.EXCLUDED:
+                logger.warning("endpoint %s excluded from scheduling: %s: %s", t.key, t.reason, t.detail, extra=extra)
+                excluded[t.key] = True
+                telemetry.EXCLUSION_TRANSITIONS.labels("excluded", t.reason).inc()
+            else:
+                logger.info("endpoint %s readmitted to scheduling %s", t.key, t.detail, extra=extra)
+                excluded[t.key] = False
+                telemetry.EXCLUSION_TRANSITIONS.labels("readmitted", "recovered").inc()
+        if excluded:
+            self._store.set_excluded(excluded)
+        for key in self._urls:
+            telemetry.ENDPOINT_EXCLUDED.labels(key).set(1.0 if self._tracker.is_excluded(key) else 0.0)
+
+    async def _poll(self, ep: Endpoint) -> _Outcome:
+        assert ep.metrics_url is not None
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._settings.timeout_s):
+                page = await self._fetch(ep.metrics_url)
+            return _Outcome(ep.key, engines.extract(ep.engine, page, self._clock()), None)
+        except ScrapeError as exc:
+            return _Outcome(ep.key, None, exc)
+        except TimeoutError:
+            return _Outcome(ep.key, None, ScrapeError("timeout", f"no complete answer in {self._settings.timeout_s} s"))
+        except aiohttp.ClientError as exc:
+            return _Outcome(ep.key, None, ScrapeError("connect", f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # a bug must not stop the scraping of every endpoint; logged at the transition
+            return _Outcome(ep.key, None, ScrapeError("internal", repr(exc)))
+        finally:
+            telemetry.SCRAPE_DURATION.observe(time.perf_counter() - started)
+
+    async def _fetch(self, url: str) -> bytes:
+        cap = self._settings.max_response_bytes
+        async with self._session.get(url, headers=_HEADERS, ssl=False) as resp:
+            if resp.status != 200:
+                raise ScrapeError("http", f"HTTP {resp.status} {resp.reason or ''}".rstrip())
+            if resp.content_length is not None:
+                if resp.content_length > cap:
+                    raise ScrapeError("too_large", f"page of {resp.content_length} bytes exceeds {cap}")
+                return await resp.read()
+            body = bytearray()  # chunked: count as it comes
+            while chunk := await resp.content.read(_READ_CHUNK):
+                body += chunk
+                if len(body) > cap:
+                    raise ScrapeError("too_large", f"page exceeds {cap} bytes")
+            return bytes(body)
+
+    def _warn_unknown_engine(self, ep: Endpoint) -> None:
+        if not engines.is_known(ep.engine) and ep.engine not in self._warned_engines:
+            self._warned_engines.add(ep.engine)
+            logger.warning(
+                "unknown engine %r (endpoint %s): reading its metrics with the %s mapping",
+                ep.engine,
+                ep.key,
+                engines.DEFAULT_ENGINE,
+            )

@@ -1,0 +1,134 @@
+"""Engine configuration: the step-time model and named presets.
+
+One engine step (one forward pass over the batch) takes
+
+    step_s = overhead_s
+           + prefill_overhead_s            if the batch holds any prefill tokens
+           + prefill_s_per_token  * prefill tokens
+           + decode_s_per_seq     * decoding sequences
+           + context_s_per_token  * context tokens (KV read by every scheduled sequence, incl. this step's)
+           + lora_overhead_s      if any sequence in the batch uses a LoRA adapter
+
+The prefill step emits the first token, so an idle engine's TTFT for an n-token prompt with c cached tokens is
+one step with n - c prefill tokens; every later token costs one decode step of the whole batch.
+
+Presets (numbers each produces are checked by tests/sim/test_presets.py and listed in docs/simulator.md):
+
+* ``h100-8b``: an 8B model on one H100, matched to the reference profile (TTFT 60-120 ms for a 256-token
+  prompt, ITL 10-15 ms).
+* ``cpu``: the seed's CPU measurements: a 13-token prompt answered with 4 tokens in ~0.21 s, 512 tokens
+  streamed in ~15.6 s.
+* ``fast``: tiny step times for tests (a 32-token answer in ~70 ms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["PRESETS", "EngineConfig", "StepTiming", "preset"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    overhead_s: float
+    prefill_s_per_token: float
+    decode_s_per_seq: float
+    context_s_per_token: float = 0.0
+    prefill_overhead_s: float = 0.0
+    lora_overhead_s: float = 0.0
+
+    def step_s(self, *, prefill_tokens: int, decode_seqs: int, context_tokens: int, lora: bool) -> float:
+        s = self.overhead_s
+        if prefill_tokens:
+            s += self.prefill_overhead_s + self.prefill_s_per_token * prefill_tokens
+        s += self.decode_s_per_seq * decode_seqs + self.context_s_per_token * context_tokens
+        if lora:
+            s += self.lora_overhead_s
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What one simulated vLLM engine is: its model names, limits, cache and speed."""
+
+    timing: StepTiming
+    model: str = "sim-model"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_gpu_blocks: int = 4096
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 8192
+    lora_adapters: tuple[str, ...] = ()
+    max_loras: int = 1
+    max_waiting: int = 1000  # waiting-queue bound; more is rejected (HTTP 429)
+    natural_output_tokens: int = 128  # mean answer length when the request lets the model stop (no ignore_eos)
+    hash_seed: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_loras < 0 or self.max_waiting < 0 or self.natural_output_tokens < 1:
+            raise ValueError("max_loras/max_waiting must be >= 0 and natural_output_tokens >= 1")
+        if self.model in self.lora_adapters:
+            raise ValueError(f"LoRA adapter name {self.model!r} equals the base model name")
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        return (self.model, *self.lora_adapters)
+
+
+PRESETS: dict[str, EngineConfig] = {
+    # 8B (Llama-3.1-8B class) on one H100 80 GB: ~400k KV tokens; decode step ~11 ms (weights read once per
+    # step), prefill ~8k tokens/s plus a fixed cost for a non-graph-captured step.
+    "h100-8b": EngineConfig(
+        timing=StepTiming(
+            overhead_s=0.011,
+            prefill_overhead_s=0.035,
+            prefill_s_per_token=0.00012,
+            decode_s_per_seq=0.00005,
+            context_s_per_token=4e-8,
+            lora_overhead_s=0.002,
+        ),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        num_gpu_blocks=25000,
+        max_model_len=8192,
+    ),
+    # Fitted to the seed's CPU runs: TTFT(13 tokens) ~0.12 s, ITL ~30 ms growing slowly with context.
+    "cpu": EngineConfig(
+        timing=StepTiming(
+            overhead_s=0.028,
+            prefill_s_per_token=0.00707,
+            decode_s_per_seq=0.002,
+            context_s_per_token=1.1e-6,
+        ),
+        max_num_seqs=16,
+        max_num_batched_tokens=2048,
+        num_gpu_blocks=2048,
+        max_model_len=4096,
+    ),
+    "fast": EngineConfig(
+        timing=StepTiming(overhead_s=0.002, prefill_s_per_token=0.00001, decode_s_per_seq=0.00002),
+        max_num_seqs=32,
+        max_num_batched_tokens=2048,
+        num_gpu_blocks=512,
+        max_model_len=4096,
+    ),
+}
+
+
+def preset(name: str, **changes: object) -> EngineConfig:
+    """A preset by name, with field overrides (``preset("fast", num_gpu_blocks=64)``)."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
+    return base.replace(**changes) if changes else base

