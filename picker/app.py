@@ -32,9 +32,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from picker import __version__, errors
 from picker.control.director import Admitter, Director, Resolver
-from picker.discovery import static
+from picker.control.policy_resolver import PolicyResolver
+from picker.discovery import kubesettings, static
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import EndpointSnapshot
+from picker.endpoints.policy import PolicyStore
 from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
@@ -164,6 +166,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--v", type=int, default=None, help="verbosity as the reference (4: debug)")
     add("--log-level", choices=("debug", "info", "warning", "error"), default=None)
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
+    kubesettings.configure(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -242,13 +245,18 @@ def _bool(text: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
+        kube = kubesettings.settings_from_args(args)
     except errors.ConfigError as exc:
         print(f"picker serve: {exc}", file=sys.stderr)
+        return 2
+    if kube is not None and settings.static_endpoints:
+        print("picker serve: give --endpoints/--endpoints-file or --pool-name/--endpoint-selector, not both",
+              file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(serve(settings))
+            return runner.run(serve(settings, kube=kube))
     except errors.ConfigError as exc:
         log.error("configuration error: %s", exc)
         return 2
@@ -264,13 +272,14 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, *, kube: kubesettings.KubeSettings | None = None) -> int:
     """Run until SIGTERM/SIGINT, then drain and stop. Returns the exit code."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with serving(settings) as running:
+    pool_name = kube.pool_name if kube is not None and kube.pool_name else STATIC_POOL_NAME
+    async with serving(settings, kube=kube, pool_name=pool_name) as running:
         log.info(
             "picker serving",
             extra={
@@ -304,17 +313,23 @@ async def serving(
     admitter: Admitter | None = None,
     scrape: bool = True,
     pool_name: str = STATIC_POOL_NAME,
+    kube: kubesettings.KubeSettings | None = None,
+    policies: PolicyStore | None = None,
 ) -> AsyncIterator[Running]:
     """Start picker in this event loop; stop it (gracefully) on exit.
 
     ``store``: an endpoint store to serve from (tests set its endpoints and metrics directly); by default a new
     one with ``settings.static_endpoints`` published. ``scrape=False`` runs no metrics poller. Ports of 0 for
     gRPC and health bind ephemeral ports (read them from the result); a metrics port of 0 disables /metrics.
+    ``kube``: discover endpoints, objectives and rewrites from Kubernetes (``policies`` receives the latter).
     """
     server_settings = settings.server
     store = store if store is not None else EndpointStore()
     if settings.static_endpoints:
         static.publish_static(store, settings.static_endpoints)
+    policies = policies if policies is not None else PolicyStore()
+    if resolver is None and kube is not None:
+        resolver = PolicyResolver(policies)
     inflight = InflightTracker()
     ctx = PluginContext(clock=clock, inflight=inflight)
     if config is None:
@@ -384,6 +399,15 @@ async def serving(
         ]
         if scrape:
             background.append(("scrape", lambda: poller.run(store=store, settings=settings.scrape, clock=clock)))
+        if kube is not None:
+            from picker.discovery import kubernetes as kube_discovery  # imports kubernetes-asyncio
+
+            background.append(
+                (
+                    "kubernetes",
+                    lambda: kube_discovery.run(store=store, policy_store=policies, settings=kube, clock=clock),
+                )
+            )
         # The background TaskGroup runs in a supervisor task, so an exception in the caller's ``async with``
         # body propagates as itself (not wrapped in an ExceptionGroup) and the guards keep crashes out of it.
         running.supervisor = asyncio.create_task(_supervise(background), name="picker-background")

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -28,7 +29,17 @@ import orjson
 
 from picker.bench.workloads import Api, WorkItem
 
-__all__ = ["LoadResult", "LoadSpec", "RequestRecord", "detokenize", "fetch_models", "run_load", "tokenize"]
+__all__ = [
+    "LoadResult",
+    "LoadSpec",
+    "RequestRecord",
+    "detokenize",
+    "fetch_models",
+    "merge_results",
+    "poisson_arrivals",
+    "run_load",
+    "tokenize",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +110,38 @@ class LoadResult:
     records: list[RequestRecord] = field(default_factory=list)
     duration_s: float = 0.0  # run start to the last request's end
     inflight_samples: list[tuple[float, int]] = field(default_factory=list)
+    t0: float = 0.0  # time.perf_counter() at the run's start (aligns runs made side by side)
+
+
+def merge_results(results: Sequence[LoadResult]) -> LoadResult:
+    """Runs made at the same time against several URLs, as one run (rate/concurrency/caps summed)."""
+    if not results:
+        raise ValueError("nothing to merge")
+    if len(results) == 1:
+        return results[0]
+    base = min(r.t0 for r in results)
+    records: list[RequestRecord] = []
+    per_run: list[dict[int, int]] = []
+    interval = results[0].spec.sample_interval_s
+    for res in results:
+        shift = res.t0 - base
+        records.extend(dataclasses.replace(rec, start_s=rec.start_s + shift) for rec in res.records)
+        per_run.append({int((t + shift) / interval): n for t, n in res.inflight_samples})
+    records.sort(key=lambda r: r.start_s)
+    for i, rec in enumerate(records):
+        rec.index = i
+    buckets = sorted(set().union(*per_run))
+    samples = [(k * interval, sum(run.get(k, 0) for run in per_run)) for k in buckets]
+    spec, n = results[0].spec, len(results)
+    spec = dataclasses.replace(
+        spec,
+        rate=None if spec.rate is None else spec.rate * n,
+        concurrency=None if spec.concurrency is None else spec.concurrency * n,
+        max_requests=spec.max_requests * n,
+    )
+    duration = max((r.end_s for r in records), default=0.0)
+    url = ",".join(r.url for r in results)
+    return LoadResult(url, results[0].workload, spec, results[0].model, records, duration, samples, base)
 
 
 async def fetch_models(base_url: str, session: aiohttp.ClientSession) -> list[str]:
@@ -214,6 +257,15 @@ async def _send(
             rec.error = "no tokens"
 
 
+def poisson_arrivals(rate: float, seed: int) -> Iterator[float]:
+    """Arrival times (s since the start) of a seeded Poisson process; the first request goes at 0."""
+    rng = random.Random(seed)
+    at = 0.0
+    while True:
+        at += rng.expovariate(rate)
+        yield at
+
+
 def _error_text(raw: bytes) -> str:
     try:
         err = orjson.loads(raw).get("error")
@@ -272,14 +324,13 @@ class _Run:
 
     async def open_loop(self) -> None:
         assert self.spec.rate is not None
-        rng = random.Random(self.spec.seed)
+        arrivals = poisson_arrivals(self.spec.rate, self.spec.seed)
         tasks: set[asyncio.Task[None]] = set()
-        at = 0.0
         try:
             while (nxt := self.next_item()) is not None:
                 tasks.add(asyncio.create_task(self.one(*nxt)))
                 tasks = {t for t in tasks if not t.done()}
-                at += rng.expovariate(self.spec.rate)
+                at = next(arrivals)
                 if at >= self.spec.max_duration_s:
                     break
                 await asyncio.sleep(max(0.0, at - (time.perf_counter() - self.t0)))
@@ -351,4 +402,4 @@ async def run_load(
     records = sorted(run.records, key=lambda r: r.index)
     duration = max((r.end_s for r in records), default=0.0)
     name = workload_name or str(getattr(workload, "name", "workload"))
-    return LoadResult(base_url, name, spec, model, records, duration, run.samples)
+    return LoadResult(base_url, name, spec, model, records, duration, run.samples, run.t0)

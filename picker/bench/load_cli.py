@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 
 from picker.bench import workloads as wl
-from picker.bench.load import LoadResult, LoadSpec, RequestRecord, run_load
+from picker.bench.load import LoadResult, LoadSpec, RequestRecord, merge_results, run_load
 from picker.bench.report import plot, print_summary, summarize, to_json
 
 __all__ = ["WORKLOADS", "build_workload", "configure", "run"]
@@ -29,7 +29,12 @@ WORKLOADS = ("shared-prefix", "multi-turn", "short-long", "sharegpt", "fixed")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (the server or the gateway)")
+    parser.add_argument(
+        "--url",
+        default="http://127.0.0.1:8000",
+        help="base URL (the server or the gateway); a comma list loads each URL at once (rate, concurrency and "
+        "--requests are per URL) and reports the merged records",
+    )
     parser.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--no-stream", dest="stream", action="store_false", help="non-streaming requests")
@@ -137,18 +142,18 @@ async def _run_stages(args: argparse.Namespace, workload: wl.Workload) -> list[L
                 seed=args.seed,
                 headers=headers,
             )
-            if show:
-                result = await _with_progress(args, workload, spec, session)
+            urls = [u.strip() for u in args.url.split(",") if u.strip()]
+            if show and len(urls) == 1:
+                result = await _with_progress(urls[0], workload, spec, session)
             else:
-                result = await run_load(args.url, workload, spec, session=session, workload_name=workload.name)
+                runs = [run_load(u, workload, spec, session=session, workload_name=workload.name) for u in urls]
+                result = merge_results(await asyncio.gather(*runs))
             print_summary(summarize(result))
             results.append(result)
     return results
 
 
-async def _with_progress(
-    args: argparse.Namespace, workload: wl.Workload, spec: LoadSpec, session: aiohttp.ClientSession
-) -> LoadResult:
+async def _with_progress(url: str, workload: wl.Workload, spec: LoadSpec, session: aiohttp.ClientSession) -> LoadResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -156,9 +161,7 @@ async def _with_progress(
         mode = f"rate {spec.rate:g}/s" if spec.rate is not None else f"concurrency {spec.concurrency}"
         task = progress.add_task(f"{workload.name} {mode}", total=spec.max_requests)
         on_record: Callable[[RequestRecord], None] = lambda _rec: progress.advance(task)  # noqa: E731
-        return await run_load(
-            args.url, workload, spec, session=session, on_record=on_record, workload_name=workload.name
-        )
+        return await run_load(url, workload, spec, session=session, on_record=on_record, workload_name=workload.name)
 
 
 def run(args: argparse.Namespace) -> int:

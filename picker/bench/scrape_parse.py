@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import multiprocessing
+import json
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import time
 import timeit
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"--models: expected counts like 1,3, got {args.models!r}")
         return 2
     print(f"{'page':<24}{'parser':<52}{'µs/page':>11}{'pages/s':>10}{'ratio':>8}")
-    page = b""
+    models: list[str] = []
     for count in counts:
         models = ["meta-llama/Llama-3.1-8B-Instruct", *(f"served-name-{i}" for i in range(1, max(1, count)))]
         page = vllm_page(models)
@@ -318,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         for name, seconds in rows:
             print(f"{label:<24}{name:<52}{seconds * 1e6:>11,.1f}{1 / seconds:>10,.0f}{seconds / base:>7.1f}x")
     if args.poll > 0:
-        _report_polling(page, args.poll, args.seconds, args.interval)
+        _report_polling(models, args.poll, args.seconds, args.interval)
     return 0
 
 
@@ -328,17 +329,20 @@ def _median_s(fn: Callable[[], object], args: argparse.Namespace) -> float:
     return statistics.median(t / number for t in timer.repeat(max(1, args.repeat), number))
 
 
-def _report_polling(page: bytes, count: int, seconds: float, interval_s: float) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    server = ctx.Process(target=_serve, args=(child, count, page), daemon=True)
-    server.start()
+def _report_polling(models: Sequence[str], count: int, seconds: float, interval_s: float) -> None:
+    # The servers run in a child process so that the CPU measured here is the poller's alone.
+    code = "import sys, json; from picker.bench import scrape_parse as m; m._serve(int(sys.argv[1]), sys.argv[2:])"
+    child = subprocess.Popen([sys.executable, "-c", code, str(count), *models], stdout=subprocess.PIPE, text=True)
     try:
-        ports: list[int] = parent.recv()
+        assert child.stdout is not None
+        line = child.stdout.readline()  # "" if the child died
+        if not line:
+            raise RuntimeError("the page server did not start")
+        ports: list[int] = json.loads(line)
         polls, user_s, system_s = asyncio.run(_poll_for(ports, seconds, interval_s))
     finally:
-        server.terminate()
-        server.join(5)
+        child.terminate()
+        child.wait(10)
     cpu_s = user_s + system_s
     per_poll_us = cpu_s / max(1, polls) * 1e6
     print(f"\npoller: {count} endpoints, interval {interval_s * 1e3:.0f} ms, {seconds:.1f} s: {polls:,} polls")
@@ -374,9 +378,11 @@ def _scrape_count() -> float:
     return REGISTRY.get_sample_value("picker_scrape_duration_seconds_count") or 0.0
 
 
-def _serve(conn: Connection, count: int, page: bytes) -> None:
-    """Child process: serve ``page`` at /metrics on ``count`` ports of 127.0.0.1; send the ports; run forever."""
+def _serve(count: int, models: Sequence[str]) -> None:
+    """Child process: serve the page of ``models`` at /metrics on ``count`` local ports; print the ports as JSON."""
     from aiohttp import web
+
+    page = vllm_page(models)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=page, content_type="text/plain")
@@ -390,8 +396,10 @@ def _serve(conn: Connection, count: int, page: bytes) -> None:
         for _ in range(count):
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
-            ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        conn.send(ports)
+            server = site._server
+            assert isinstance(server, asyncio.Server)
+            ports.append(server.sockets[0].getsockname()[1])
+        print(json.dumps(ports), flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())

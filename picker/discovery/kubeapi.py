@@ -1,11 +1,13 @@
-"""Kubernetes API access for discovery: connection config, and raw list/watch calls returning decoded JSON.
+"""Kubernetes API access: connection config, raw list/watch calls, and get/create/replace of single objects.
 
 kubernetes-asyncio supplies configuration (in-cluster service account, kubeconfig with exec/OIDC plugins), TLS
 and auth headers and the aiohttp session. Its ``Watch`` helper is not used: it re-tries a 410 once with the same
 stale resourceVersion, decodes every event into generated model classes, and hides whether a watch ended or
 failed. Here a list returns plain dicts and its resourceVersion; a watch yields raw event dicts (decoded with
 orjson) and raises ``ResourceGone`` on 410, whether the server says so with the HTTP status or with an ERROR
-event. The list-then-watch loop built on these lives in ``informer.py``.
+event. The list-then-watch loop built on these lives in ``informer.py``. Leader election (``leaderelection.py``)
+reads and writes its Lease with ``get``/``create``/``replace``: a 409 (a stale resourceVersion on update, or an
+object that already exists on create) is raised as ``ResourceConflict``.
 
 Every error leaving this module is a ``KubeApiError`` (transport errors chained ``from`` the aiohttp error).
 No blocking call runs on the event loop: kubeconfig parsing and service-account file reads go to a thread.
@@ -32,6 +34,7 @@ __all__ = [
     "KubeApiError",
     "ListResult",
     "Resource",
+    "ResourceConflict",
     "ResourceGone",
     "ResourceNotFound",
     "connect",
@@ -60,7 +63,11 @@ class ResourceGone(KubeApiError):
 
 
 class ResourceNotFound(KubeApiError):
-    """404 on a collection: the resource type (CRD) is not installed."""
+    """404: on a collection, the resource type (CRD) is not installed; on an object, there is no such object."""
+
+
+class ResourceConflict(KubeApiError):
+    """409: an update carried a stale resourceVersion, or a create found the object already there. Re-read."""
 
 
 def _status_error(status: int, body: Any) -> KubeApiError:
@@ -72,6 +79,8 @@ def _status_error(status: int, body: Any) -> KubeApiError:
         return ResourceGone(status, reason or "Gone", message)
     if status == 404:
         return ResourceNotFound(status, reason or "NotFound", message)
+    if status == 409:
+        return ResourceConflict(status, reason or "Conflict", message)
     return KubeApiError(status, reason or "Error", message)
 
 
@@ -90,6 +99,9 @@ class Resource:
     def path(self) -> str:
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         return f"{base}/namespaces/{self.namespace}/{self.plural}"
+
+    def item_path(self, name: str) -> str:
+        return f"{self.path}/{name}"
 
     def __str__(self) -> str:
         where = ",".join(s for s in (self.label_selector, self.field_selector) if s)
@@ -118,19 +130,59 @@ class KubeApi:
         self._client = client
         self._request_timeout_s = request_timeout_s
 
-    async def _get(self, path: str, query: list[tuple[str, str]], client_timeout: aiohttp.ClientTimeout) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        client_timeout: aiohttp.ClientTimeout,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
         try:
             return await self._client.call_api(
                 path,
-                "GET",
+                method,
                 query_params=query,
-                header_params={"Accept": "application/json"},
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _request_timeout=client_timeout,
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise KubeApiError(0, type(exc).__name__, str(exc)) from exc
+
+    async def _get(self, path: str, query: list[tuple[str, str]], client_timeout: aiohttp.ClientTimeout) -> Any:
+        return await self._call("GET", path, query, client_timeout)
+
+    async def _object(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One request on one object; its decoded JSON body, or the error its Status names."""
+        resp = await self._call(method, path, [], aiohttp.ClientTimeout(total=self._request_timeout_s), body)
+        async with resp:
+            try:
+                decoded = orjson.loads(await resp.read())
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                raise KubeApiError(0, type(exc).__name__, str(exc)) from exc
+            except orjson.JSONDecodeError as exc:
+                raise KubeApiError(resp.status, "BadBody", "response is not JSON") from exc
+        if not 200 <= resp.status < 300:
+            raise _status_error(resp.status, decoded)
+        if not isinstance(decoded, dict):
+            raise KubeApiError(resp.status, "BadBody", "response is not an object")
+        return decoded
+
+    async def get(self, resource: Resource, name: str) -> dict[str, Any]:
+        """The named object; ``ResourceNotFound`` when there is none."""
+        return await self._object("GET", resource.item_path(name))
+
+    async def create(self, resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST a new object; the stored object back. ``ResourceConflict`` when the name is taken."""
+        return await self._object("POST", resource.path, obj)
+
+    async def replace(self, resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT the object (``metadata.name`` names it). With ``metadata.resourceVersion`` set the write is
+        conditional: another writer in between ⇒ ``ResourceConflict``."""
+        return await self._object("PUT", resource.item_path(str(obj["metadata"]["name"])), obj)
 
     async def list(self, resource: Resource) -> ListResult:
         """The collection now (a consistent read) and the resourceVersion to watch from."""

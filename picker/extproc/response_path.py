@@ -81,7 +81,7 @@ class ResponsePath:
         restored = self._restore(chunk)
         if restored is chunk:
             return [responses.EMPTY_RESPONSE_BODY]
-        return [responses.body_replaced(restored, response=True)]
+        return [responses.body_replaced(restored, response=True, content_length=True)]
 
     def trailers(self) -> list[pb.ProcessingResponse]:
         """Response trailers end the body: send anything still held, then the trailers answer."""

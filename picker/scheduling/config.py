@@ -3,12 +3,17 @@
 The YAML is the reference's (``inference.networking.x-k8s.io/v1alpha1`` or ``llm-d.ai/v1alpha1``,
 ``kind: EndpointPickerConfig``) and loads unchanged: ``plugins[]`` ``{name?, type, parameters?}``,
 ``schedulingProfiles[]`` ``{name, plugins[]: {pluginRef, weight?}}``, ``dataLayer`` (or ``data``),
-``featureGates``, ``saturationDetector``, ``parser``, ``flowControl``.
+``featureGates``, ``saturationDetector``, ``parser``, ``flowControl``; picker adds ``pluginIsolation``
+(``budgetMs`` 5, ``disableAfterOverruns`` 5, ``cooldownMs`` 30000) and a plugin's ``budgetMs``, which apply to
+user plugins only.
 
 Defaults, as the reference: a plugin's name is its type; an unweighted scorer weighs 1.0; a profile without a
 picker gets ``max-score-picker``; one profile and no handler ⇒ ``single-profile-handler``; no profiles ⇒ one
 profile ``default`` with every filter, scorer and picker; parser ``openai-parser``. Unknown plugin types and bad
 parameter values are ``ConfigError``s; unknown parameter keys are logged once and ignored.
+
+A type that is not built in is a user plugin: ``package.module:ClassName`` or the name of an entry point in the
+group ``picker.plugins`` (``external``); it is created wrapped in its isolation (``isolation``).
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from picker import errors
-from picker.scheduling import registry
+from picker.plugins.params import ParamsError, parse_params
+from picker.scheduling import external, registry
 from picker.scheduling.framework import Filter, Picker, PluginContext, ProfileHandler, Scorer
+from picker.scheduling.isolation import DEFAULT_ISOLATION, Isolation
 from picker.scheduling.plugins import max_score, parsers, single_profile
 from picker.scheduling.profile import Profile, WeightedScorer
 from picker.scheduling.spec import ConfiguredPlugin, PluginSpec
@@ -93,6 +100,7 @@ class SchedulerConfig:
     flow_control: Mapping[str, Any] = field(default_factory=dict)
     api_version: str = API_VERSIONS[0]
     source: str = "built-in default"
+    isolation: Isolation = DEFAULT_ISOLATION  # the defaults of user plugins (pluginIsolation)
 
     def configured(self, kind: str) -> list[ConfiguredPlugin]:
         """The non-scheduling plugins of one kind ("data-source", "extractor", "saturation-detector", "parser")."""
@@ -129,6 +137,7 @@ class _PluginDecl(_Model):
     name: str | None = Field(default=None, min_length=1)
     type: str = Field(min_length=1)
     parameters: dict[str, Any] | None = None
+    budget_ms: float | None = Field(default=None, gt=0.0)  # picker's: a user plugin's time budget per call
 
 
 class _ProfilePluginDecl(_Model):
@@ -154,6 +163,15 @@ class _DataLayerDecl(_Model):
     sources: list[_SourceDecl] = []
 
 
+class _IsolationDecl(_Model):
+    budget_ms: float = Field(default=DEFAULT_ISOLATION.budget_s * 1e3, gt=0.0)
+    disable_after_overruns: int = Field(default=DEFAULT_ISOLATION.disable_after_overruns, ge=0)
+    cooldown_ms: float = Field(default=DEFAULT_ISOLATION.cooldown_s * 1e3, ge=0.0)
+
+    def isolation(self) -> Isolation:
+        return Isolation(self.budget_ms / 1e3, self.disable_after_overruns, self.cooldown_ms / 1e3)
+
+
 class _Document(_Model):
     api_version: str
     kind: str
@@ -165,6 +183,7 @@ class _Document(_Model):
     saturation_detector: _RefDecl | None = None
     parser: _RefDecl | None = None
     flow_control: dict[str, Any] | None = None
+    plugin_isolation: _IsolationDecl | None = None
 
     @field_validator("feature_gates", mode="before")
     @classmethod
@@ -182,7 +201,8 @@ _DOCUMENT_KEYS = frozenset({f.alias or n for n, f in _Document.model_fields.item
 
 def _build(text: str, ctx: PluginContext, source: str) -> SchedulerConfig:
     doc = _parse(text, source)
-    plugins = _instantiate(doc.plugins, ctx, source)
+    isolation = doc.plugin_isolation.isolation() if doc.plugin_isolation else DEFAULT_ISOLATION
+    plugins = _instantiate(doc.plugins, ctx, isolation, source)
     profiles = _profiles(doc.scheduling_profiles, plugins, ctx, source)
     handler = _handler(plugins, profiles, source)
     data_layer = doc.data_layer or doc.data
@@ -212,6 +232,7 @@ def _build(text: str, ctx: PluginContext, source: str) -> SchedulerConfig:
         flow_control=MappingProxyType(dict(doc.flow_control or {})),
         api_version=doc.api_version,
         source=source,
+        isolation=isolation,
     )
 
 
@@ -238,35 +259,48 @@ def _parse(text: str, source: str) -> _Document:
     return doc
 
 
-def _instantiate(decls: list[_PluginDecl], ctx: PluginContext, source: str) -> dict[str, object]:
+def _instantiate(decls: list[_PluginDecl], ctx: PluginContext, isolation: Isolation, source: str) -> dict[str, object]:
     plugins: dict[str, object] = {}
     for decl in decls:
         name = decl.name or decl.type
         if name in plugins:
             raise errors.ConfigError(f"{source}: duplicate plugin name {name!r}")
         spec = registry.lookup(decl.type)
-        if spec is None:
+        if spec is not None:
+            if decl.budget_ms is not None:
+                log.warning("%s: plugin %r (%s): budgetMs applies to user plugins only", source, name, decl.type)
+            plugins[name] = _create(spec, name, decl.parameters, ctx, source)
+            continue
+        where = f"{source}: plugin {name!r}" + (f" (type {decl.type!r})" if name != decl.type else "")
+        user = external.resolve(decl.type, where)
+        if user is None:
             raise errors.ConfigError(
                 f"{source}: unknown plugin type {decl.type!r} (plugin {name!r}); known types: "
                 + ", ".join(registry.known_types())
+                + _installed_note()
             )
-        plugins[name] = _create(spec, name, decl.parameters, ctx, source)
+        budget_s = decl.budget_ms / 1e3 if decl.budget_ms is not None else None
+        plugin, ignored = external.create(user, name, decl.parameters, ctx, isolation, budget_s, where)
+        if ignored:
+            log.warning("%s: ignoring unknown parameters: %s", where, ", ".join(ignored))
+        log.info("%s: user %s from %s", where, user.role.lower(), user.origin)
+        plugins[name] = plugin
     return plugins
 
 
+def _installed_note() -> str:
+    installed = external.installed_types()
+    listed = f"installed plugin types: {', '.join(installed)}" if installed else "no plugin packages installed"
+    return f"; {listed}; a user plugin class is named 'package.module:ClassName'"
+
+
 def _create(spec: PluginSpec[Any], name: str, raw: Mapping[str, Any] | None, ctx: PluginContext, source: str) -> object:
-    raw = raw or {}
-    accepted = set(spec.params.model_fields)
-    accepted.update(f.alias for f in spec.params.model_fields.values() if f.alias)
-    unknown = sorted(str(k) for k in raw if k not in accepted)
-    if unknown:
-        log.warning("%s: plugin %r (%s): ignoring unknown parameters: %s", source, name, spec.type, ", ".join(unknown))
     try:
-        params = spec.params.model_validate(raw)
-    except ValidationError as exc:
-        raise errors.ConfigError(
-            f"{source}: plugin {name!r} ({spec.type}): invalid parameters: {_describe(exc)}"
-        ) from exc
+        params, ignored = parse_params(spec.params, raw)
+    except ParamsError as exc:
+        raise errors.ConfigError(f"{source}: plugin {name!r} ({spec.type}): invalid parameters: {exc}") from exc
+    if ignored:
+        log.warning("%s: plugin %r (%s): ignoring unknown parameters: %s", source, name, spec.type, ", ".join(ignored))
     return spec.create(name, params, ctx)
 
 

@@ -3,6 +3,10 @@
 Every scorer's score is clamped to [0, 1] (NaN ⇒ 0; a missing endpoint ⇒ 0), multiplied by the profile's
 weight for that scorer, and summed per endpoint. The run records each scorer's clamped score per endpoint
 (the explanation) and each plugin's duration.
+
+User plugins come wrapped by ``isolation``: the profile calls their guarded methods, and a dropped call is
+recorded in the run's ``dropped`` (a scorer adds nothing, a filter filters nothing, a picker is replaced by
+its fallback). Built-in plugins are called directly.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from picker.scheduling.framework import (
     ProfileRun,
     ScoredEndpoint,
     Scorer,
+    Scores,
 )
+from picker.scheduling.isolation import Dropped, GuardedFilter, GuardedPicker, GuardedScorer
 from picker.scheduling.scores import ScoreVector
 
 __all__ = ["Profile", "ProfileOutcome", "RankedPicker", "WeightedScorer"]
@@ -81,14 +87,23 @@ class Profile:
     ) -> ProfileOutcome:
         endpoints = candidates
         filtered: dict[str, tuple[str, ...]] = {}
+        dropped: dict[str, str] = {}
         for f in self.filters:
             t0 = perf_counter()
-            endpoints = f.filter(req, endpoints, cycle)
-            timings.append(PluginTiming(FILTER, f.type, f.name, perf_counter() - t0))
+            if type(f) is GuardedFilter:
+                kept = f.guarded_filter(req, endpoints, cycle)
+                timings.append(PluginTiming(FILTER, f.type, f.name, perf_counter() - t0))
+                if isinstance(kept, Dropped):
+                    dropped[f.name] = kept.reason  # no filtering this cycle
+                    continue
+                endpoints = kept
+            else:
+                endpoints = f.filter(req, endpoints, cycle)
+                timings.append(PluginTiming(FILTER, f.type, f.name, perf_counter() - t0))
             filtered[f.name] = tuple(e.key for e in endpoints)
             if not endpoints:
                 why = f"filter {f.name!r} ({f.type}) left no endpoints in profile {self.name!r}"
-                return ProfileOutcome(self._run([e.key for e in candidates], {}, [], None, filtered), why)
+                return ProfileOutcome(self._run([e.key for e in candidates], {}, [], None, filtered, dropped), why)
 
         keys = [e.key for e in endpoints]
         totals = [0.0] * len(endpoints)
@@ -96,12 +111,20 @@ class Profile:
         for ws in self.scorers:
             scorer = ws.scorer
             t0 = perf_counter()
-            raw = scorer.score(req, endpoints, cycle)
-            timings.append(PluginTiming(SCORER, scorer.type, scorer.name, perf_counter() - t0))
-            if type(raw) is ScoreVector and raw.endpoints is endpoints:
-                values = raw.scores  # positional: no endpoint hashing
+            if type(scorer) is GuardedScorer:
+                guarded = scorer.guarded_score(req, endpoints, cycle)
+                timings.append(PluginTiming(SCORER, scorer.type, scorer.name, perf_counter() - t0))
+                if isinstance(guarded, Dropped):
+                    dropped[scorer.name] = guarded.reason  # adds nothing to any endpoint this cycle
+                    continue
+                values: Sequence[float] = guarded
             else:
-                values = [raw.get(e, 0.0) for e in endpoints]
+                raw = scorer.score(req, endpoints, cycle)
+                timings.append(PluginTiming(SCORER, scorer.type, scorer.name, perf_counter() - t0))
+                if type(raw) is ScoreVector and raw.endpoints is endpoints:
+                    values = raw.scores  # positional: no endpoint hashing
+                else:
+                    values = _values(raw, endpoints)
             # Clamp into [0, 1]; NaN ⇒ 0 (``not v > 0``). Inline: this runs per endpoint per scorer.
             clamped = [(v if v <= 1.0 else 1.0) if v > 0.0 else 0.0 for v in values]
             weight = ws.weight
@@ -110,16 +133,25 @@ class Profile:
 
         picker = self.picker
         t0 = perf_counter()
+        result: ProfileResult | None
         if self._ranked is not None:
-            result: ProfileResult | None = self._ranked(endpoints, totals, cycle)
+            result = self._ranked(endpoints, totals, cycle)
         else:
-            result = picker.pick([ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)], cycle)
+            scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+            if type(picker) is GuardedPicker:
+                picked = picker.guarded_pick(scored, cycle)
+                if isinstance(picked, Dropped):
+                    dropped[picker.name] = picked.reason
+                    picked = picker.fallback.pick(scored, cycle)
+                result = picked
+            else:
+                result = picker.pick(scored, cycle)
         timings.append(PluginTiming(PICKER, picker.type, picker.name, perf_counter() - t0))
         failure: str | None = None
         if result is None or not result.targets:
             result = None
             failure = f"picker {picker.name!r} ({picker.type}) chose no endpoint in profile {self.name!r}"
-        return ProfileOutcome(self._run(keys, scores, totals, result, filtered), failure)
+        return ProfileOutcome(self._run(keys, scores, totals, result, filtered, dropped), failure)
 
     def _run(
         self,
@@ -128,6 +160,7 @@ class Profile:
         totals: Sequence[float],
         result: ProfileResult | None,
         filtered: Mapping[str, tuple[str, ...]],
+        dropped: Mapping[str, str],
     ) -> ProfileRun:
         return ProfileRun(
             profile=self.name,
@@ -137,4 +170,14 @@ class Profile:
             totals=dict(zip(keys, totals, strict=False)),
             result=result,
             filtered=filtered,
+            dropped=dropped,
         )
+
+
+def _values(raw: Scores, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+    """A trusted scorer's result other than its own ScoreVector: a mapping (missing ⇒ 0) or aligned scores."""
+    if isinstance(raw, Mapping):
+        return [raw.get(e, 0.0) for e in endpoints]
+    if len(raw) != len(endpoints):
+        raise ValueError(f"{len(raw)} scores for {len(endpoints)} endpoints")
+    return raw

@@ -3,13 +3,15 @@
 ``schedule`` asks the profile handler which profiles to run, runs them (filters → weighted scorers → picker),
 repeats until the handler names none, and returns the primary profile's targets with the explanation and each
 plugin's duration. ``pre_request`` / ``post_response`` fan out to the plugins implementing those hooks;
-``on_snapshot`` tells plugins with per-endpoint state which endpoints left the pool.
+``on_snapshot`` tells plugins with per-endpoint state which endpoints left the pool. A user plugin's hooks run
+under a guard of their own (``isolation``): a failure is counted and logged once per failing streak.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from time import perf_counter
 
 import orjson
@@ -30,6 +32,7 @@ from picker.scheduling.framework import (
     ResponseInfo,
     SchedulingResult,
 )
+from picker.scheduling.isolation import Dropped, Guard, GuardedPlugin
 
 __all__ = ["NO_CANDIDATES", "Scheduler"]
 
@@ -40,6 +43,37 @@ PROFILE_PICKER, PROCESS_RESULTS = "ProfilePicker", "ProcessProfilesResults"
 PRE_REQUEST, RESPONSE_COMPLETE = "PreRequest", "ResponseComplete"
 # A handler that keeps naming new profiles is a bug; stop rather than loop forever.
 _MAX_ROUNDS = 16
+ENDPOINTS_CHANGED = "EndpointsChanged"  # for log messages only: the reference times no such point
+
+
+@dataclass(frozen=True, slots=True)
+class _Hook:
+    """One plugin's hook: the bound method, the labels of its timing, and a guard for a user plugin."""
+
+    call: Callable[..., None]
+    plugin_type: str
+    plugin_name: str
+    guard: Guard | None  # None: a built-in, trusted
+
+    @property
+    def label(self) -> str:
+        return f"{self.plugin_name!r} ({self.plugin_type})"
+
+
+def _hooks(plugins: Sequence[object], protocol: type, method: str, point: str) -> tuple[_Hook, ...]:
+    """The plugins implementing a hook protocol (for a user plugin: its own instance, under a hook guard)."""
+    hooks: list[_Hook] = []
+    for plugin in plugins:
+        guarded = plugin if isinstance(plugin, GuardedPlugin) else None
+        target = guarded.plugin if guarded is not None else plugin
+        if not isinstance(target, protocol):
+            continue
+        call = getattr(target, method)
+        if guarded is not None:
+            hooks.append(_Hook(call, guarded.type, guarded.name, guarded.guard.hook_guard(point)))
+        else:
+            hooks.append(_Hook(call, *_type_name(plugin), None))
+    return tuple(hooks)
 
 
 class Scheduler:
@@ -54,9 +88,9 @@ class Scheduler:
                 plugins.append(profile.picker)
         if self._handler not in plugins:
             plugins.append(self._handler)
-        self._pre_request = tuple(p for p in plugins if isinstance(p, PreRequest))
-        self._post_response = tuple(p for p in plugins if isinstance(p, PostResponse))
-        self._endpoint_watchers = tuple(p for p in plugins if isinstance(p, EndpointsChanged))
+        self._pre_request = _hooks(plugins, PreRequest, "pre_request", PRE_REQUEST)
+        self._post_response = _hooks(plugins, PostResponse, "post_response", RESPONSE_COMPLETE)
+        self._endpoint_watchers = _hooks(plugins, EndpointsChanged, "endpoints_changed", ENDPOINTS_CHANGED)
         self._known_keys: frozenset[str] | None = None
 
     def schedule(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult:
@@ -121,35 +155,44 @@ class Scheduler:
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> tuple[PluginTiming, ...]:
         """Tell PreRequest plugins the destination is chosen. A failing plugin is logged, not fatal."""
         timings: list[PluginTiming] = []
-        for plugin in self._pre_request:
+        for hook in self._pre_request:
             t0 = perf_counter()
-            try:
-                plugin.pre_request(req, result)
-            except Exception:
-                log.exception("PreRequest plugin %s failed for request %s", _label(plugin), req.request_id)
-            timings.append(PluginTiming(PRE_REQUEST, *_type_name(plugin), perf_counter() - t0))
+            if hook.guard is not None:
+                _guarded(hook.guard, hook.call, req, result)
+            else:
+                try:
+                    hook.call(req, result)
+                except Exception:
+                    log.exception("PreRequest plugin %s failed for request %s", hook.label, req.request_id)
+            timings.append(PluginTiming(PRE_REQUEST, hook.plugin_type, hook.plugin_name, perf_counter() - t0))
         return tuple(timings)
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
         """Tell PostResponse plugins the response completed. A failing plugin is logged, not fatal."""
         timings: list[PluginTiming] = []
-        for plugin in self._post_response:
+        for hook in self._post_response:
             t0 = perf_counter()
-            try:
-                plugin.post_response(req, info)
-            except Exception:
-                log.exception("PostResponse plugin %s failed for request %s", _label(plugin), req.request_id)
-            timings.append(PluginTiming(RESPONSE_COMPLETE, *_type_name(plugin), perf_counter() - t0))
+            if hook.guard is not None:
+                _guarded(hook.guard, hook.call, req, info)
+            else:
+                try:
+                    hook.call(req, info)
+                except Exception:
+                    log.exception("PostResponse plugin %s failed for request %s", hook.label, req.request_id)
+            timings.append(PluginTiming(RESPONSE_COMPLETE, hook.plugin_type, hook.plugin_name, perf_counter() - t0))
         return tuple(timings)
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         """The pool is now ``keys``: plugins forget state of endpoints that left."""
         self._known_keys = keys
-        for plugin in self._endpoint_watchers:
+        for hook in self._endpoint_watchers:
+            if hook.guard is not None:
+                _guarded(hook.guard, hook.call, keys)
+                continue
             try:
-                plugin.endpoints_changed(keys)
+                hook.call(keys)
             except Exception:
-                log.exception("plugin %s failed to drop departed endpoints", _label(plugin))
+                log.exception("plugin %s failed to drop departed endpoints", hook.label)
 
     def on_snapshot(self, snapshot: EndpointSnapshot) -> None:
         """An ``EndpointStore`` listener: acts only when membership changed (not on every metrics update)."""
@@ -162,6 +205,6 @@ def _type_name(plugin: object) -> tuple[str, str]:
     return str(getattr(plugin, "type", type(plugin).__name__)), str(getattr(plugin, "name", ""))
 
 
-def _label(plugin: object) -> str:
-    plugin_type, name = _type_name(plugin)
-    return f"{name!r} ({plugin_type})"
+def _guarded(guard: Guard, call: Callable[..., None], *args: object) -> None:
+    if not isinstance(guard.call(call, *args), Dropped):
+        guard.ok()

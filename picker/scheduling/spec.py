@@ -1,7 +1,8 @@
-"""PluginSpec: how the config loader builds a plugin from its type name, and the base of plugin parameters.
+"""PluginSpec: how the config loader builds a built-in plugin from its type name.
 
 Every plugin module defines ``TYPE``, ``Params`` (a ``PluginParams``), ``create(name, params, ctx)`` and
 ``SPEC = PluginSpec(TYPE, Params, create)``; ``registry.py`` lists the specs in one explicit table.
+``PluginParams`` (the parameters base, from the public ``picker.plugins`` API) is re-exported here.
 """
 
 from __future__ import annotations
@@ -11,25 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
-
-from picker.scheduling.framework import PluginContext
+from picker.plugins.api import PluginContext
+from picker.plugins.params import NoParams, PluginParams
 
 __all__ = ["ConfiguredPlugin", "NoParams", "PluginParams", "PluginSpec"]
-
-
-class PluginParams(BaseModel):
-    """Plugin parameters: frozen, camelCase in YAML (``maxNumOfEndpoints``), snake_case in Python.
-
-    Unknown keys are ignored here; the loader warns about them once.
-    """
-
-    model_config = ConfigDict(frozen=True, alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
-class NoParams(PluginParams):
-    """For plugins that take no parameters."""
 
 
 P = TypeVar("P", bound=PluginParams)

@@ -4,9 +4,9 @@ It extracts only the metric names it is asked for and skips everything else with
 ``/metrics`` page is ~50 KB and mostly histogram buckets that picker never reads; instead of splitting every
 line, ``scan`` runs one regex that jumps from newline to newline in C and tries the wanted names only there,
 then parses just the matching lines. A wanted name counts only at the start of a line (after optional blanks)
-and followed by ``{``, a blank or a tab, so ``# HELP``/``# TYPE`` comments, longer names sharing the prefix
-(``x`` vs ``x_bucket``) and label values never match. Literal newlines cannot occur inside a label value (the
-format escapes them), so a match can never start inside one.
+and followed by ``{``, a blank or a tab (or the line's end, reported as malformed), so ``# HELP``/``# TYPE``
+comments, longer names sharing the prefix (``x`` vs ``x_bucket``) and label values never match. Literal
+newlines cannot occur inside a label value (the format escapes them), so a match can never start inside one.
 
 Covered: label values with escaped quotes/backslashes/newlines and with ``,`` or ``}`` inside the quotes,
 trailing commas, blanks around tokens, ``{}``, names with colons, optional integer timestamps (milliseconds),

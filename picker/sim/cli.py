@@ -40,7 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("engine")
     e.add_argument("--preset", choices=sorted(PRESETS), default="h100-8b")
     e.add_argument("--model", help="served base model name (default sim-model)")
-    e.add_argument("--served-model-name", dest="model_alias", help="alias of --model (vLLM's flag)")
+    e.add_argument("--served-model-name", dest="model_alias", metavar="NAME", help="alias of --model (vLLM's flag)")
     e.add_argument("--max-num-seqs", type=int)
     e.add_argument("--max-num-batched-tokens", type=int)
     e.add_argument("--num-gpu-blocks", "--kv-cache-size", dest="num_gpu_blocks", type=int)

@@ -4,9 +4,10 @@ Cost model: per engine one task and one timer per step; per request one ``asynci
 per step. No task or timer per token.
 
 Timeline: while the engine stays busy, each step starts where the previous one was planned to end (so asyncio's
-~1 ms oversleep does not slow the token rate); when the loop falls more than ``lag_tolerance_s`` behind (the
-machine is overloaded) or the engine was idle, the step starts at the wall clock. ``max_lag_s`` records the
-worst lag seen, the sign that more simulated servers run than the CPU can pace.
+~1 ms oversleep does not slow the token rate), or at the last arrival if that is later (no request is served
+before it arrived); when the loop falls more than ``lag_tolerance_s`` behind (the machine is overloaded) or the
+engine was idle, the step starts at the wall clock. ``max_lag_s`` records the worst lag seen, the sign that more
+simulated servers run than the CPU can pace.
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ class EngineDriver:
         self._handles: dict[str, RequestHandle] = {}
         self._wake = asyncio.Event()
         self.max_lag_s = 0.0
+        self._last_submit_s = float("-inf")
 
     def submit(self, req: SimRequest) -> RequestHandle:
         """Queue ``req`` now; raises ``engine.RequestRejected``."""
-        handle = RequestHandle(self.engine.submit(req, self.clock()))
+        now = self.clock()
+        handle = RequestHandle(self.engine.submit(req, now))
+        self._last_submit_s = now
         self._handles[req.request_id] = handle
         self._wake.set()
         return handle
@@ -87,7 +91,10 @@ class EngineDriver:
                 await self._wake.wait()
                 continue
             now = self.clock()
-            start = now if prev_end is None or now - prev_end > self._lag_tolerance_s else prev_end
+            if prev_end is None or now - prev_end > self._lag_tolerance_s:
+                start = now
+            else:  # back to back, but never before a request it may admit arrived
+                start = max(prev_end, self._last_submit_s)
             end = engine.begin_step(start, stall_s=self._stall_s() if self._stall_s else 0.0)
             if end is None:  # work exists but none is schedulable (cannot happen with a sane config)
                 prev_end = None

@@ -180,14 +180,16 @@ class SimMetrics:
         )
         scalar("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig.", 1.0, info_labels)
         scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens)
-        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", self.generation_tokens)
+        gen_doc = "Number of generation tokens processed."
+        scalar("vllm:generation_tokens_total", "counter", gen_doc, self.generation_tokens)
         scalar(
             "vllm:prefix_cache_queries_total",
             "counter",
             "Prefix cache queries, in queried tokens.",
             stats.prefix_queries_tokens,
         )
-        scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in cached tokens.", stats.prefix_hits_tokens)
+        hits_doc = "Prefix cache hits, in cached tokens."
+        scalar("vllm:prefix_cache_hits_total", "counter", hits_doc, stats.prefix_hits_tokens)
         scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", stats.preemptions)
         name = "vllm:request_success_total"
         out.append(f"# HELP {name} Count of processed requests.\n# TYPE {name} counter\n")

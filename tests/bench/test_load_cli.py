@@ -15,7 +15,7 @@ from picker.sim.harness import ThreadedServers
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[ThreadedServers]:
-    with ThreadedServers(preset("fast", lora_adapters=("x",)), count=1) as servers:
+    with ThreadedServers(preset("fast", lora_adapters=("x",)), count=2) as servers:
         yield servers
 
 
@@ -48,6 +48,22 @@ def test_load_sweep_and_fixed(sims: ThreadedServers, tmp_path: Path) -> None:
     stages = orjson.loads(out.read_bytes())["stages"]
     assert [s["spec"]["rate"] for s in stages] == [20.0, 40.0]
     assert all(r["output_tokens"] == 3 and r["model"] == "x" for s in stages for r in s["records"])
+
+
+def test_load_several_urls_at_once(sims: ThreadedServers, tmp_path: Path) -> None:
+    out = tmp_path / "m.json"
+    url = ",".join(sims.urls)
+    rc = main(
+        [
+            "load", "--url", url, "--workload", "fixed", "--prompt-len", "16", "--fixed", "4",
+            "--concurrency", "3", "--requests", "9", "--json", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    summary = orjson.loads(out.read_bytes())["summary"]
+    assert summary["ok"] == 18
+    assert summary["target_concurrency"] == 6
+    assert summary["backends"] == {s.name: 9 for s in sims.servers}
 
 
 def test_load_bad_flags(sims: ThreadedServers) -> None:

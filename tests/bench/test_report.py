@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from picker.bench.load import LoadResult, LoadSpec, RequestRecord
+from picker.bench.load import LoadResult, LoadSpec, RequestRecord, merge_results
 from picker.bench.report import Dist, percentile, plot, summarize, to_json
 
 
@@ -73,3 +73,18 @@ def test_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "p.png"
     plot([res, synthetic(3, 12)], out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merge_aligns_runs_and_sums() -> None:
+    a, b = synthetic(2, 10), synthetic(3, 12)
+    a.t0, b.t0 = 100.0, 100.5
+    merged = merge_results([a, b])
+    assert len(merged.records) == 24  # 10 + 12 + one failed request each
+    assert [r.index for r in merged.records] == list(range(24))
+    assert min(r.start_s for r in merged.records if r.backend == "b2") == pytest.approx(0.5)  # b's lanes shifted
+    assert merged.spec.concurrency == 4  # per-URL concurrency x 2 URLs (a's spec)
+    assert merged.t0 == 100.0
+    assert max(n for _, n in merged.inflight_samples) == 2 + (3 + 1)  # b starts (4 in flight) 0.5 s after a
+    assert merge_results([a]) is a
+    with pytest.raises(ValueError, match="nothing"):
+        merge_results([])

@@ -9,8 +9,6 @@ from collections.abc import AsyncIterator, Iterable
 from picker.app import Running, serving
 from picker.endpoints.model import Endpoint
 from picker.endpoints.store import EndpointStore
-from picker.scheduling.config import load_config
-from picker.scheduling.framework import PluginContext
 from picker.settings import ServerSettings, Settings
 from picker.telemetry import REGISTRY
 
@@ -61,7 +59,3 @@ async def picker(store: EndpointStore, **server: object) -> AsyncIterator[Runnin
 def sample(name: str, labels: dict[str, str] | None = None) -> float:
     """The current value of one series in picker's registry (0 if it was never set)."""
     return REGISTRY.get_sample_value(name, labels or {}) or 0.0
-
-
-def reference_config(ctx: PluginContext) -> object:
-    return load_config(REFERENCE_CONFIG, ctx)

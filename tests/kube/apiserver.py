@@ -1,7 +1,8 @@
 """A stand-in Kubernetes API server for tests (aiohttp on 127.0.0.1): the list/watch wire protocol, faithfully.
 
-What it speaks, for pods (core/v1) and the custom resources InferencePool (v1 and v1alpha2), InferenceObjective and
-InferenceModelRewrite (``inference.networking.x-k8s.io/v1alpha2``), namespaced:
+What it speaks, for pods and events (core/v1), leases (``coordination.k8s.io/v1``) and the custom resources
+InferencePool (v1 and v1alpha2), InferenceObjective and InferenceModelRewrite (``inference.networking.x-k8s.io/v1alpha2``),
+namespaced:
 
 - ``GET …/namespaces/{ns}/{plural}``: a JSON list (``kind: <Kind>List``) with ``metadata.resourceVersion``;
   ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, comma = AND) and ``fieldSelector``
@@ -17,19 +18,25 @@ InferenceModelRewrite (``inference.networking.x-k8s.io/v1alpha2``), namespaced:
 - 410 Gone: a watch from a version older than the compaction point gets an ERROR event with a 410 ``Expired``
   Status (``gone_mode="event"``, what a real apiserver does) or an HTTP 410 (``gone_mode="http"``);
   ``expire_watches()`` sends that ERROR to every open watch, as an apiserver does to a watcher that fell behind.
+- Writes: ``POST …/{plural}`` creates (``metadata.name``, or ``generateName`` plus 5 random characters; a taken
+  name ⇒ 409 ``AlreadyExists``); ``PUT …/{plural}/{name}`` replaces — conditionally when the body carries
+  ``metadata.resourceVersion``: a stale one ⇒ 409 ``Conflict``, as optimistic concurrency works on a real
+  apiserver; without one the update is unconditional; no such object ⇒ 404; ``DELETE …/{plural}/{name}`` ⇒ a
+  Success Status, or 404. Each bumps the resourceVersion and reaches open watches like a Python-API change.
 - A CRD that is "not installed" answers 404 (Status ``NotFound``) to list, get and watch; uninstalling one ends its
   open watches and drops its objects.
 
 Test API (call from the test's event loop): ``create``/``replace``/``patch``/``delete`` objects (the
 resourceVersion is one global counter, incremented per change), ``compact()``, ``cut_watches()`` (abort every
 open watch connection mid-stream), ``expire_watches()``, ``set_installed(resource, bool)``, ``fail_next(...)``
-(answer the next requests with an error status), ``send_bookmarks()``; ``requests`` records every call and
-``count(verb, resource)`` counts them, ``authorizations`` keeps their Authorization headers;
+(answer the next requests with an error status; verbs list, watch, get, create, update, delete), ``send_bookmarks()``; ``requests`` records every call and
+``count(verb, resource)`` counts them, ``authorizations`` keeps their Authorization headers, ``responses`` the
+(verb, resource, HTTP status) of every get and write;
 ``wait_watching(resource)`` waits until a watch is open.
 
 Not modelled: authentication and authorization (no token is checked, no RBAC), admission, defaulting and
-validation (objects are stored as given), create/update/patch/delete over HTTP (tests mutate through the Python
-API), server-side apply and managedFields, generation/observedGeneration, finalizers and graceful deletion (a
+validation (objects are stored as given), PATCH over HTTP, delete preconditions and options, server-side apply
+and managedFields, generation/observedGeneration, finalizers and graceful deletion (a
 test sets ``deletionTimestamp`` itself), field selectors other than ``metadata.name``/``metadata.namespace``,
 set-based label selectors (``in``, ``notin``), pagination (``limit``/``continue`` are answered with 400),
 ``sendInitialEvents``/watch-list streaming, ``resourceVersionMatch=NotOlderThan`` waits, cluster-scoped and
@@ -75,6 +82,8 @@ class ResourceType:
 
 RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "pods", "Pod", crd=False),
+    ResourceType("", "v1", "events", "Event", crd=False),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", crd=False),
     ResourceType("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool"),
     ResourceType("inference.networking.x-k8s.io", "v1alpha2", "inferencepools", "InferencePool"),
     ResourceType("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"),
@@ -192,7 +201,7 @@ class _Watch:
 
 @dataclass(slots=True)
 class _Failure:
-    verb: str  # list | watch | get
+    verb: str  # list | watch | get | create | update | delete
     rtype: ResourceType
     code: int
     remaining: int
@@ -216,6 +225,7 @@ class FakeApiServer:
         self.compacted_rv = start_rv  # watches from an older version get 410
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # (verb, resource name, query)
         self.authorizations: list[str | None] = []  # the Authorization header of every request
+        self.responses: list[tuple[str, str, int]] = []  # (verb, resource name, HTTP status) of gets and writes
         self._objects: dict[ResourceType, dict[tuple[str, str], Obj]] = {r: {} for r in RESOURCES}
         self._installed: dict[ResourceType, bool] = {r: True for r in RESOURCES}
         self._history: list[_Change] = []
@@ -229,10 +239,12 @@ class FakeApiServer:
 
     async def start(self) -> str:
         app = web.Application()
-        app.router.add_get("/api/{version}/namespaces/{ns}/{plural}", self._collection)
-        app.router.add_get("/api/{version}/namespaces/{ns}/{plural}/{name}", self._item)
-        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{plural}", self._collection)
-        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", self._item)
+        for prefix in ("/api/{version}", "/apis/{group}/{version}"):
+            app.router.add_get(prefix + "/namespaces/{ns}/{plural}", self._collection)
+            app.router.add_post(prefix + "/namespaces/{ns}/{plural}", self._create)
+            app.router.add_get(prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
+            app.router.add_put(prefix + "/namespaces/{ns}/{plural}/{name}", self._update)
+            app.router.add_delete(prefix + "/namespaces/{ns}/{plural}/{name}", self._delete)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -366,6 +378,11 @@ class FakeApiServer:
         name = self.resource(resource).name
         return sum(1 for v, r, _ in self.requests if v == verb and r == name)
 
+    def verbs(self, resource: str) -> set[str]:
+        """Every verb a client used on ``resource`` (the RBAC it would need)."""
+        name = self.resource(resource).name
+        return {v for v, r, _ in self.requests if r == name}
+
     def open_watches(self, resource: str) -> int:
         rtype = self.resource(resource)
         return sum(1 for w in self._watches if w.rtype == rtype)
@@ -397,19 +414,103 @@ class FakeApiServer:
     def _gone(self, rv: int) -> Obj:
         return status(410, "Expired", f"too old resource version: {rv} ({self.compacted_rv})")
 
-    async def _item(self, request: web.Request) -> web.Response:
+    def _begin(self, verb: str, request: web.Request) -> tuple[ResourceType | None, web.Response | None]:
+        """Record a get or write request; the resource type, or the error response it gets before any work."""
         rtype = self._rtype(request)
-        name, ns = request.match_info["name"], request.match_info["ns"]
-        self.requests.append(("get", rtype.name if rtype else "?", dict(request.query)))
+        self.requests.append((verb, rtype.name if rtype else "?", dict(request.query)))
         self.authorizations.append(request.headers.get("Authorization"))
         if rtype is None or not self._installed[rtype]:
-            return self._not_found()
-        if (injected := self._injected("get", rtype)) is not None:
-            return injected
+            return rtype, self._not_found()
+        return rtype, self._injected(verb, rtype)
+
+    def _answer(self, verb: str, rtype: ResourceType | None, resp: web.Response) -> web.Response:
+        self.responses.append((verb, rtype.name if rtype else "?", resp.status))
+        return resp
+
+    async def _body(self, request: web.Request, ns: str) -> Obj:
+        try:
+            obj = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"body is not JSON: {exc}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
+            raise ValueError("body is not an object")
+        meta = obj.setdefault("metadata", {})
+        if meta.setdefault("namespace", ns) != ns:
+            raise ValueError("the namespace of the provided object does not match the namespace sent on the request")
+        return obj
+
+    async def _item(self, request: web.Request) -> web.Response:
+        rtype, early = self._begin("get", request)
+        if early is not None:
+            return self._answer("get", rtype, early)
+        assert rtype is not None
+        name, ns = request.match_info["name"], request.match_info["ns"]
         obj = self._objects[rtype].get((ns, name))
         if obj is None:
-            return _json(404, status(404, "NotFound", f'{rtype.name} "{name}" not found'))
-        return _json(200, obj)
+            return self._answer("get", rtype, self._missing(rtype, name))
+        return self._answer("get", rtype, _json(200, obj))
+
+    def _missing(self, rtype: ResourceType, name: str) -> web.Response:
+        return _json(404, status(404, "NotFound", f'{rtype.name} "{name}" not found'))
+
+    async def _create(self, request: web.Request) -> web.Response:
+        rtype, early = self._begin("create", request)
+        if early is not None:
+            return self._answer("create", rtype, early)
+        assert rtype is not None
+        ns = request.match_info["ns"]
+        try:
+            obj = await self._body(request, ns)
+        except ValueError as exc:
+            return self._answer("create", rtype, _json(400, status(400, "BadRequest", str(exc))))
+        meta = obj["metadata"]
+        meta.pop("resourceVersion", None)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        name = meta.get("name")
+        if not name:
+            return self._answer("create", rtype, _json(422, status(422, "Invalid", "metadata.name: Required value")))
+        if (ns, name) in self._objects[rtype]:
+            conflict = status(409, "AlreadyExists", f'{rtype.name} "{name}" already exists')
+            return self._answer("create", rtype, _json(409, conflict))
+        return self._answer("create", rtype, _json(201, self.create(rtype.name, obj)))
+
+    async def _update(self, request: web.Request) -> web.Response:
+        rtype, early = self._begin("update", request)
+        if early is not None:
+            return self._answer("update", rtype, early)
+        assert rtype is not None
+        name, ns = request.match_info["name"], request.match_info["ns"]
+        try:
+            obj = await self._body(request, ns)
+        except ValueError as exc:
+            return self._answer("update", rtype, _json(400, status(400, "BadRequest", str(exc))))
+        if obj["metadata"].get("name") != name:
+            bad = status(400, "BadRequest", "the name of the object does not match the name on the URL")
+            return self._answer("update", rtype, _json(400, bad))
+        current = self._objects[rtype].get((ns, name))
+        if current is None:
+            return self._answer("update", rtype, self._missing(rtype, name))
+        sent_rv = obj["metadata"].get("resourceVersion")
+        if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+            message = (
+                f'Operation cannot be fulfilled on {rtype.name} "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again"
+            )
+            return self._answer("update", rtype, _json(409, status(409, "Conflict", message)))
+        return self._answer("update", rtype, _json(200, self.replace(rtype.name, obj)))
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        rtype, early = self._begin("delete", request)
+        if early is not None:
+            return self._answer("delete", rtype, early)
+        assert rtype is not None
+        name, ns = request.match_info["name"], request.match_info["ns"]
+        if (ns, name) not in self._objects[rtype]:
+            return self._answer("delete", rtype, self._missing(rtype, name))
+        self.delete(rtype.name, name, ns)
+        done = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": {"name": name}}
+        return self._answer("delete", rtype, _json(200, done))
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         rtype = self._rtype(request)

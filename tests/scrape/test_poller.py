@@ -326,3 +326,22 @@ class socket_closed_port:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+async def test_a_new_metrics_url_starts_the_endpoint_over(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    broken = ep(91, backend.url("broken"))
+    backend.modes["broken"] = "fail"
+    store = EndpointStore()
+    store.set_endpoints([broken])
+    async with polling(store):
+        await until(lambda: get(store, broken).excluded)
+        moved = ep(91, backend.url("moved"))
+        backend.pages["moved"] = vllm_page(6)
+        store.set_endpoints([moved])  # same ip:port, new metrics URL: the store resets metrics and exclusion
+        await until(lambda: get(store, moved).metrics.waiting == 6)
+        hits = backend.hits["moved", "ok"]
+        await until(lambda: backend.hits["moved", "ok"] >= hits + 3)
+        assert not get(store, moved).excluded
+        assert sample("picker_endpoint_excluded", endpoint=moved.key) == 0.0
+    assert logged(caplog, broken.key, "readmitted") == 0  # a fresh start, not a recovery

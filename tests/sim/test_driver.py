@@ -79,3 +79,26 @@ async def test_reset_wakes_waiting_handles() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_no_request_is_served_before_it_arrived() -> None:
+    fast = EngineConfig(timing=StepTiming(overhead_s=0.001, prefill_s_per_token=0.0, decode_s_per_seq=0.0))
+    driver = EngineDriver(Engine(fast))
+    task = asyncio.create_task(driver.run())
+    try:
+        handles = []
+        for i in range(40):
+            handles.append(driver.submit(SimRequest(f"r{i}", TOK.encode(" the cat"), 5, ignore_eos=True)))
+            await asyncio.sleep(0.0007 * (i % 3))
+        for h in handles:
+            while not h.state.finished:
+                await asyncio.wait_for(h.wait(), 2.0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for h in handles:
+        s = h.state
+        assert s.scheduled_s is not None
+        assert s.first_token_s is not None
+        assert s.arrival_s <= s.scheduled_s < s.first_token_s

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from picker.scheduling.framework import PluginContext
-from picker.scheduling.spec import ConfiguredPlugin, PluginParams, PluginSpec
+from picker.plugins import PluginContext, PluginParams
+from picker.scheduling.spec import ConfiguredPlugin, PluginSpec
 
 __all__ = [
     "CORE_METRICS_EXTRACTOR",

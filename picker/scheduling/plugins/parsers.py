@@ -6,8 +6,8 @@ Referenced by ``parser.pluginRef``; ``SchedulerConfig.parser`` holds the chosen 
 
 from __future__ import annotations
 
-from picker.scheduling.framework import PluginContext
-from picker.scheduling.spec import ConfiguredPlugin, PluginParams, PluginSpec
+from picker.plugins import PluginContext, PluginParams
+from picker.scheduling.spec import ConfiguredPlugin, PluginSpec
 
 __all__ = ["OPENAI", "OPENAI_SPEC", "PASSTHROUGH", "PASSTHROUGH_SPEC", "Params"]
 

@@ -23,12 +23,19 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from picker.endpoints.model import Endpoint
-from picker.request.model import InferenceRequest
-from picker.scheduling.framework import Category, CycleState, PluginContext, SchedulingResult, Scorer
+from picker.plugins import (
+    Category,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    PluginContext,
+    PluginParams,
+    SchedulingResult,
+)
+from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
-from picker.scheduling.spec import PluginParams, PluginSpec
+from picker.scheduling.spec import PluginSpec
 
 __all__ = ["SPEC", "TYPE", "Params", "PrefixCacheScorer", "create"]
 

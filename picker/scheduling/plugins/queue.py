@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from picker.endpoints.model import Endpoint
-from picker.request.model import InferenceRequest
-from picker.scheduling.framework import Category, CycleState, PluginContext, Scorer
+from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
+from picker.scheduling.framework import Scorer
 from picker.scheduling.scores import ScoreVector
-from picker.scheduling.spec import PluginParams, PluginSpec
+from picker.scheduling.spec import PluginSpec
 
 __all__ = ["SPEC", "TYPE", "Params", "QueueScorer", "create"]
 

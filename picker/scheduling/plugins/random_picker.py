@@ -12,9 +12,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from picker.endpoints.model import Endpoint
-from picker.scheduling.framework import CycleState, Picker, PluginContext, ProfileResult, ScoredEndpoint
-from picker.scheduling.spec import PluginParams, PluginSpec
+from picker.plugins import CycleState, Endpoint, PluginContext, PluginParams, ProfileResult, ScoredEndpoint
+from picker.scheduling.framework import Picker
+from picker.scheduling.spec import PluginSpec
 
 __all__ = ["SPEC", "TYPE", "Params", "RandomPicker", "create"]
 

@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from picker.scheduling.framework import PluginContext
-from picker.scheduling.spec import ConfiguredPlugin, PluginParams, PluginSpec
+from picker.plugins import PluginContext, PluginParams
+from picker.scheduling.spec import ConfiguredPlugin, PluginSpec
 
 __all__ = [
     "CONCURRENCY_DETECTOR",

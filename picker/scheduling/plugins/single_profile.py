@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from picker.request.model import InferenceRequest
-from picker.scheduling.framework import CycleState, PluginContext, ProfileHandler, ProfileResult
-from picker.scheduling.spec import PluginParams, PluginSpec
+from picker.plugins import CycleState, InferenceRequest, PluginContext, PluginParams, ProfileResult
+from picker.scheduling.framework import ProfileHandler
+from picker.scheduling.spec import PluginSpec
 
 __all__ = ["SPEC", "TYPE", "Params", "SingleProfileHandler", "create"]
 

@@ -1,0 +1,139 @@
+"""The plugin protocols and what a plugin may read: the request, the candidates, picker's own counts.
+
+A scheduling cycle hands every plugin the same read-only values:
+
+* ``InferenceRequest`` (``picker.request.model``): the parsed request — ``model`` / ``target_model``, ``api``
+  (an ``ApiKind``), ``prompt_text``, ``prompt_tokens`` (an estimate), ``max_tokens``, ``stream``, ``headers``
+  (lower-cased keys), ``objective``, ``priority``. Frozen.
+* ``Endpoint`` (``picker.endpoints.model``): one candidate — ``key`` (``ip:port``), ``address``, ``port``,
+  ``name``, ``labels``, ``engine`` and ``metrics`` (an ``EndpointMetrics``: ``waiting``, ``running``,
+  ``kv_usage`` in [0, 1], LoRA adapters, ``updated_at``). Frozen; equality and hashing use ``key`` only.
+* ``PluginContext``: a clock, a seeded random source, and two read-only views computed on demand:
+  ``ctx.load(endpoint)`` (picker's own in-flight requests and tokens there, and the TTFT / TPOT it observed)
+  and ``ctx.metrics_age_s(endpoint)`` (seconds since that endpoint's metrics were scraped).
+* ``CycleState``: a dict shared by the plugins of one cycle, for work computed once and reused.
+
+The three role protocols are structural: a class needs only the method. The engine gives each configured
+plugin its identity (the config's ``type`` and ``name``); the built-in plugins implement the same protocols.
+
+Score contract: a scorer returns, for the endpoints it was given, a ``Mapping[Endpoint, float]`` (an endpoint
+missing from it scores 0) or a sequence of floats aligned with them. Each score is clamped to [0, 1] (NaN ⇒ 0),
+multiplied by the profile's weight for that scorer and summed per endpoint; the picker chooses on the sums.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.model import Endpoint
+from picker.request.model import InferenceRequest
+
+__all__ = [
+    "Category",
+    "CycleState",
+    "Filter",
+    "LoadView",
+    "Picker",
+    "PluginContext",
+    "ProfileResult",
+    "ScoredEndpoint",
+    "Scorer",
+    "Scores",
+]
+
+Scores: TypeAlias = Mapping[Endpoint, float] | Sequence[float]
+"""A scorer's result: per endpoint (missing ⇒ 0), or a sequence aligned with the endpoints it was given."""
+
+
+class Category(enum.Enum):
+    """What a scorer favours (the reference's categories; informational)."""
+
+    AFFINITY = "Affinity"  # where state already is: cached prefixes, loaded adapters, a tenant's label
+    DISTRIBUTION = "Distribution"  # spreading load: queues, KV use, in-flight work
+    BALANCE = "Balance"  # a mix of both
+
+
+class CycleState(dict[str, Any]):
+    """Per-cycle scratch space shared by the plugins of one scheduling cycle (e.g. prefix match results).
+
+    Key entries by your plugin's type and name to avoid clashes; nothing in it outlives the cycle.
+    """
+
+
+class LoadView(Protocol):
+    """picker's own, exact count of what it has sent an endpoint and not yet seen finish (read-only)."""
+
+    @property
+    def requests(self) -> int: ...
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens not yet prefilled plus expected output tokens."""
+        ...
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Moving average of the time to first token picker observed there; None until one is observed."""
+        ...
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Moving average of the time per output token picker observed there; None until one is observed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PluginContext:
+    """What a plugin may use besides its inputs: a clock, picker's own in-flight counts, a random source."""
+
+    clock: Callable[[], float]  # monotonic seconds (virtual time in the policy lab)
+    inflight: InflightTracker  # picker's; read it through ``load`` — its other methods are picker's to call
+    # The random source of pickers and tie-breaks; tests pass a seeded one.
+    rng: random.Random = field(default_factory=random.Random)
+
+    def load(self, endpoint: Endpoint) -> LoadView:
+        """picker's in-flight requests and tokens on ``endpoint``, and the TTFT / TPOT it observed there."""
+        return self.inflight.load(endpoint.key)
+
+    def metrics_age_s(self, endpoint: Endpoint) -> float:
+        """Seconds since ``endpoint``'s metrics were last scraped successfully; ``math.inf`` if never."""
+        updated_at = endpoint.metrics.updated_at
+        return self.clock() - updated_at if updated_at > 0.0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float  # weighted sum over the profile's scorers
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    targets: tuple[Endpoint, ...]  # primary first, then fallbacks
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Scores each candidate in [0, 1]; higher is better. A class may also set ``category`` (a ``Category``)."""
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> Scores: ...
+
+
+@runtime_checkable
+class Filter(Protocol):
+    """Keeps a subset of the candidates (in order). Keeping none fails the profile."""
+
+    def filter(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    """Chooses the destination (primary first, then fallbacks) from the weighted sums."""
+
+    def pick(self, scored: Sequence[ScoredEndpoint], cycle: CycleState) -> ProfileResult: ...
