@@ -8,7 +8,9 @@ In process (tests, benchmarks)::
 As a process: ``picker serve --endpoints 10.0.0.1:8000,10.0.0.2:8000 [flags]`` (flags as the reference EPP's,
 plus picker's; ``picker serve --help``). SIGTERM: health turns NOT_SERVING at once, new streams are still
 accepted for ``grace_period_s`` (so gateways see the health change first), then refused; in-flight streams get
-up to ``termination_grace_s`` to finish; exit 0.
+up to ``termination_grace_s`` to finish; exit 0. With ``--ha-enable-leader-election`` only the holder of the pool's
+Lease reports ready; on SIGTERM the leader releases the Lease at once (with the health change), so a standby takes
+over while the old leader is still draining.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from picker import __version__, errors
+from picker import __version__, admission, errors
 from picker.control.director import Admitter, Director, Resolver
 from picker.control.policy_resolver import PolicyResolver
 from picker.discovery import kubesettings, static
@@ -47,6 +50,9 @@ from picker.scrape import poller
 from picker.settings import ScrapeSettings, ServerSettings, Settings
 from picker.telemetry import REGISTRY, logs
 from picker.telemetry import metrics as m
+
+if TYPE_CHECKING:
+    from picker.discovery.leaderelection import LeaderElector
 
 __all__ = ["Running", "configure", "parse_duration", "run", "serve", "serving", "settings_from_args"]
 
@@ -73,10 +79,20 @@ class Running:
     metrics_port: int | None  # None: the metrics HTTP server is off
     certificate: tls.CertificatePair | None  # None: plaintext
     supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
+    elector: LeaderElector | None = None  # with leader election
 
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    async def begin_shutdown(self) -> None:
+        """Health NOT_SERVING for good and, when leading, release the Lease so a standby takes over now.
+
+        Streams are still accepted; ``serving``'s exit refuses new ones and drains. Idempotent.
+        """
+        self.health.drain()
+        if self.elector is not None:
+            await self.elector.resign(timeout_s=self.settings.server.grace_period_s or 1.0)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +141,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="ignore the proxy's subset hint",
     )
     add("--max-body-bytes", type=int, default=srv.max_body_bytes, help="request bodies over this get 413")
-    add("--gateway-profile", choices=("auto", "envoy", "nginx", "agentgateway"), default=srv.gateway_profile)
+    add(
+        "--gateway-profile",
+        choices=("auto", "envoy", "nginx", "agentgateway"),
+        default=srv.gateway_profile,
+        help="the gateway's ext_proc dialect; auto tells Envoy from the NGINX Gateway Fabric shim by itself",
+    )
     add(
         "--explain-header",
         type=_bool,
@@ -164,7 +185,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="SIGTERM: wait at most this long for in-flight streams",
     )
     add("--v", type=int, default=None, help="verbosity as the reference (4: debug)")
-    add("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+    add("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level (wins over --v)")
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
     kubesettings.configure(parser)
 
@@ -250,8 +271,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"picker serve: {exc}", file=sys.stderr)
         return 2
     if kube is not None and settings.static_endpoints:
-        print("picker serve: give --endpoints/--endpoints-file or --pool-name/--endpoint-selector, not both",
-              file=sys.stderr)
+        print(
+            "picker serve: give --endpoints/--endpoints-file or --pool-name/--endpoint-selector, not both",
+            file=sys.stderr,
+        )
         return 2
     logs.configure(settings.log_level, settings.log_format)
     try:
@@ -293,7 +316,7 @@ async def serve(settings: Settings, *, kube: kubesettings.KubeSettings | None = 
         await stop.wait()
         stop.clear()
         log.info("shutting down: health NOT_SERVING, draining", extra={"grace_s": settings.server.grace_period_s})
-        running.health.drain()
+        await running.begin_shutdown()
         # Keep accepting streams a moment so gateways notice the health change before connections are refused;
         # a second signal skips the wait.
         with contextlib.suppress(TimeoutError):
@@ -321,7 +344,8 @@ async def serving(
     ``store``: an endpoint store to serve from (tests set its endpoints and metrics directly); by default a new
     one with ``settings.static_endpoints`` published. ``scrape=False`` runs no metrics poller. Ports of 0 for
     gRPC and health bind ephemeral ports (read them from the result); a metrics port of 0 disables /metrics.
-    ``kube``: discover endpoints, objectives and rewrites from Kubernetes (``policies`` receives the latter).
+    ``kube``: discover endpoints, objectives and rewrites from Kubernetes (``policies`` receives the latter); with
+    ``kube.leader_election`` campaign for the pool's Lease, and report ready only while leading.
     """
     server_settings = settings.server
     store = store if store is not None else EndpointStore()
@@ -345,10 +369,17 @@ async def serving(
         clock=clock,
         settings=server_settings,
         resolver=resolver,
-        admitter=admitter,
+        # Default admission from the config: flow control (featureGates: [flowControl]) or shedding.
+        admitter=admitter
+        if admitter is not None
+        else admission.build_admitter(
+            config, ctx, store=store, shed_status=server_settings.shed_status, pool_name=pool_name
+        ),
     )
     extproc = servicer.ExtProcServicer(StreamEnv(director=director, settings=server_settings, parser=config.parser))
     health_servicer = health.HealthServicer()
+    if kube is not None and kube.leader_election:
+        health_servicer.require_leader()  # before the health port opens: a standby is never ready, not even once
     _follow_store(store, health_servicer, inflight, scheduler)
 
     max_message = max(server_settings.max_body_bytes, server_settings.max_response_buffer_bytes)
@@ -408,13 +439,18 @@ async def serving(
                     lambda: kube_discovery.run(store=store, policy_store=policies, settings=kube, clock=clock),
                 )
             )
+        if kube is not None and kube.leader_election:
+            from picker.discovery import leaderelection
+
+            elector = running.elector = leaderelection.elector_for(kube, on_change=health_servicer.set_leader)
+            background.append(("leader-election", lambda: leaderelection.campaign(elector, kube)))
         # The background TaskGroup runs in a supervisor task, so an exception in the caller's ``async with``
         # body propagates as itself (not wrapped in an ExceptionGroup) and the guards keep crashes out of it.
         running.supervisor = asyncio.create_task(_supervise(background), name="picker-background")
         try:
             yield running
         finally:
-            health_servicer.drain()
+            await running.begin_shutdown()
             # Refuse new streams; give in-flight ones the termination grace to finish.
             await grpc_server.stop(server_settings.termination_grace_s)
             running.supervisor.cancel()

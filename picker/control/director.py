@@ -5,6 +5,12 @@ route:     candidates (snapshot, subset hint) → model rewrite header → resol
            → scheduler → in-flight lease → PreRequest plugins.
 complete:  release the lease, observe TTFT/TPOT, record metrics, PostResponse plugins.
 
+TTFT and TPOT are observed per endpoint only from streamed responses (SSE), where the first body bytes are the
+first token: a non-streamed body arrives whole at the end, so its first byte says nothing about prefill. TPOT =
+(end - first token) / (output tokens - 1), output tokens from the response's usage, else the number of SSE data
+events (one per engine step, about a token each). An admitter that wants to know when capacity frees up
+implements ``released()``; the director calls it after every lease release.
+
 Nothing here knows protobuf or gRPC; the ext_proc stream calls these methods and turns results and
 ``PickerError``s into messages. Time comes from the injected clock.
 
@@ -21,7 +27,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from picker import errors
 from picker.control import accounting
@@ -39,6 +45,7 @@ __all__ = [
     "MAX_EXPECTED_OUTPUT_TOKENS",
     "Admitter",
     "Director",
+    "ReleaseListener",
     "Resolver",
     "Routed",
     "SchedulerLike",
@@ -83,6 +90,13 @@ class Admitter(Protocol):
     async def admit(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> None: ...
 
 
+@runtime_checkable
+class ReleaseListener(Protocol):
+    """Optional on an admitter: told after every in-flight lease release (capacity may have freed up)."""
+
+    def released(self) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class Routed:
     """A routed request: what the response path needs to account for it."""
@@ -95,6 +109,7 @@ class Routed:
     received_at: float
     routed_at: float
     first_byte_at: float | None = None
+    first_token_at: float | None = None  # streamed responses only (see the module docstring)
     finished: bool = field(default=False)
 
 
@@ -118,6 +133,7 @@ class Director:
         self.settings = settings
         self.resolver = resolver
         self.admitter = admitter
+        self._on_release = admitter.released if isinstance(admitter, ReleaseListener) else None
         self._rng = rng or random.Random()
         # Held leases: (deadline, seq, routed); seq breaks ties without comparing Routed.
         self._held: list[tuple[float, int, Routed]] = []
@@ -143,7 +159,12 @@ class Director:
         if not eps:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         if self.admitter is not None:
+            snapshot = self.store.current()
             await self.admitter.admit(req, eps)
+            if self.store.current() is not snapshot:  # it waited in a queue: schedule on today's endpoints
+                eps = self.candidates(req)
+                if not eps:
+                    raise errors.ServiceUnavailable(NO_CANDIDATES)
         result = self._schedule(req, eps)
         return self._routed(req, result, result.targets, received)
 
@@ -201,15 +222,21 @@ class Director:
 
     # -- response path -----------------------------------------------------------------------------------
 
-    def first_byte(self, routed: Routed) -> None:
-        """The first response body bytes arrived: prefill is done (TTFT)."""
+    def first_byte(self, routed: Routed, *, token: bool = True) -> None:
+        """The first response body bytes arrived: prefill is done.
+
+        ``token``: they carry the first output token (a streamed response), so this is the TTFT.
+        """
         if routed.first_byte_at is not None or routed.finished:
             return
         now = self.clock()
         routed.first_byte_at = now
+        if token:
+            routed.first_token_at = now
         if routed.lease is not None:
             self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
-            self.inflight.observe(routed.lease.endpoint_key, ttft_s=now - routed.routed_at)
+            if token:
+                self.inflight.observe(routed.lease.endpoint_key, ttft_s=now - routed.routed_at)
 
     def complete(
         self,
@@ -221,16 +248,22 @@ class Director:
         completion_tokens: int | None = None,
         cached_tokens: int | None = None,
         served_key: str | None = None,
+        stream_events: int | None = None,
     ) -> None:
-        """The response finished (EOS or trailers): release, observe, run PostResponse plugins. Idempotent."""
+        """The response finished (EOS or trailers): release, observe, run PostResponse plugins. Idempotent.
+
+        ``stream_events``: SSE data events seen, the output-token estimate when the usage has none.
+        """
         if routed.finished:
             return
         now = self.clock()
-        ttft = routed.first_byte_at - routed.routed_at if routed.first_byte_at is not None else None
+        first_token = routed.first_token_at
+        ttft = first_token - routed.routed_at if first_token is not None else None
         duration = now - routed.received_at
         key = served_key or (routed.lease.endpoint_key if routed.lease else routed.targets[0].key)
-        if routed.first_byte_at is not None and completion_tokens and completion_tokens > 1:
-            self.inflight.observe(key, tpot_s=(now - routed.first_byte_at) / (completion_tokens - 1))
+        output_tokens = completion_tokens or stream_events
+        if first_token is not None and output_tokens and output_tokens > 1:
+            self.inflight.observe(key, tpot_s=(now - first_token) / (output_tokens - 1))
         self._finish(routed)
         accounting.completed(
             routed.req,
@@ -297,6 +330,8 @@ class Director:
         if routed.lease is not None:
             self.inflight.release(routed.lease)
         accounting.released(routed.req)
+        if self._on_release is not None:
+            self._on_release()
 
     def _post_response(self, routed: Routed, info: ResponseInfo) -> None:
         try:

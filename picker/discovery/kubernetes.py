@@ -14,7 +14,7 @@ Endpoints reach ``EndpointStore.set_endpoints(eps, synced=True)`` only once the 
 have been read; the store's ``synced`` flag stays False until then (and while the pool's appProtocol is not one
 picker supports), so health reports NOT_SERVING. Every pod event re-derives the endpoint set at once (deletion,
 readiness, IP change); an unchanged set is not re-published. The list/watch/backoff/resync machinery is
-``informer.Informer``; the collections watched are those ``rbac.REQUIRED_RULES`` grants.
+``informer.Informer``; the collections watched are those ``rbac.rules_for`` grants.
 """
 
 from __future__ import annotations

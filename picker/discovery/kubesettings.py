@@ -1,4 +1,4 @@
-"""KubeSettings and the ``picker serve`` flags of Kubernetes discovery.
+"""KubeSettings and the ``picker serve`` flags of Kubernetes discovery and leader election.
 
 Kept apart from ``kubernetes.py`` so that parsing flags never imports kubernetes-asyncio: ``picker serve
 --endpoints ...`` runs without it installed, and ``picker.discovery.kubernetes`` is imported only when a pool or a
@@ -18,6 +18,8 @@ from picker.errors import ConfigError
 
 __all__ = ["KubeSettings", "configure", "settings_from_args"]
 
+_JITTER_FACTOR = 1.2  # client-go's leader election jitter of the retry period
+
 
 @dataclass(frozen=True, slots=True)
 class KubeSettings:
@@ -35,6 +37,12 @@ class KubeSettings:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     crd_recheck_s: float = 60.0  # how often an absent CRD (404) is looked for again
+    # Leader election (--ha-enable-leader-election): controller-runtime's defaults.
+    leader_election: bool = False
+    lease_duration_s: float = 15.0  # a standby takes over a lease not renewed for this long
+    renew_deadline_s: float = 10.0  # the leader steps down when it could not renew for this long
+    retry_period_s: float = 2.0  # renew (leader) and acquire (standby) attempts this often
+    identity: str = ""  # the Lease holder; "" = $POD_NAME, else <hostname>_<random>
 
     @property
     def standalone(self) -> bool:
@@ -55,11 +63,19 @@ class KubeSettings:
             raise ConfigError(f"--pool-group must be {POOL_GROUP} or {POOL_GROUP_V1ALPHA2}, not {self.pool_group!r}")
         if min(self.resync_s, self.watch_timeout_s, self.request_timeout_s, self.crd_recheck_s) <= 0:
             raise ConfigError("kubernetes timings must be positive")
+        if self.leader_election:
+            if not self.pool_name:
+                raise ConfigError("--ha-enable-leader-election needs --pool-name: the Lease is named after the pool")
+            # client-go's rules: the leader gives up before others may take over, and retries within its deadline.
+            if not self.lease_duration_s > self.renew_deadline_s > _JITTER_FACTOR * self.retry_period_s > 0:
+                raise ConfigError(
+                    "leader election timings need lease duration > renew deadline > 1.2 x retry period > 0"
+                )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the discovery flags (reference EPP names) to ``picker serve``'s parser."""
-    group = parser.add_argument_group("kubernetes discovery")
+    group = parser.add_argument_group("kubernetes: discovery and leader election")
     group.add_argument("--pool-name", default="", help="InferencePool to serve (pool mode)")
     group.add_argument(
         "--pool-namespace", default=None, help="namespace of the pool (default: $NAMESPACE, else default)"
@@ -70,6 +86,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--endpoint-selector", default="", help="standalone mode: pod label selector 'k=v,k2=v2'")
     group.add_argument("--endpoint-target-ports", default="", help="standalone mode: ports per pod, e.g. 8000,8001")
     group.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
+    group.add_argument(
+        "--ha-enable-leader-election",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="active-passive replicas: only the holder of the pool's Lease reports ready (needs --pool-name)",
+    )
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> KubeSettings | None:
@@ -78,6 +112,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     if not args.pool_name and not args.endpoint_selector:
         if args.endpoint_target_ports:
             raise ConfigError("--endpoint-target-ports needs --endpoint-selector")
+        if args.ha_enable_leader_election:
+            raise ConfigError("--ha-enable-leader-election needs --pool-name: the Lease is named after the pool")
         return None
     settings = KubeSettings(
         pool_name=args.pool_name,
@@ -86,6 +122,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         endpoint_selector=kubeobjects.parse_selector(args.endpoint_selector) if args.endpoint_selector else (),
         target_ports=kubeobjects.parse_ports(args.endpoint_target_ports) if args.endpoint_target_ports else (),
         kubeconfig=args.kubeconfig,
+        leader_election=args.ha_enable_leader_election,
+        identity=env.get("POD_NAME", ""),
     )
     settings.validate()
     return settings

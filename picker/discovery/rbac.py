@@ -1,8 +1,12 @@
 """The Kubernetes permissions picker needs, declared once.
 
 The Helm chart's Role (deploy/helm/picker/templates/rbac.yaml) must grant exactly these; tests/deploy checks the
-rendered Role against this module, and the discovery code reads the API groups and resources it watches from here,
-so a new watch cannot ship without its RBAC rule.
+rendered Role against ``rules_for`` for each chart setting, and tests/discovery check that every call discovery and
+leader election make (against the stand-in API server) is covered, so a new call cannot ship without its rule.
+
+The InferencePool rule follows the pool's API group (``--pool-group``): ``inference.networking.k8s.io`` (v1, the
+default) or the older ``inference.networking.x-k8s.io`` (v1alpha2). Only the group in use is granted, as the
+reference chart does (it derives the group from ``inferencePool.apiVersion``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ __all__ = [
     "LEADER_ELECTION_RULES",
     "REQUIRED_RULES",
     "PolicyRule",
+    "pool_rule",
     "rules_for",
 ]
 
@@ -37,21 +42,31 @@ class PolicyRule:
         return (self.api_group, self.resource, frozenset(self.verbs))
 
 
-# Pool mode (--pool-name): read the pool, its pods, and the optional objective/rewrite CRDs.
+def pool_rule(pool_group: str = INFERENCE_GROUP) -> PolicyRule:
+    """Read access to InferencePools of ``pool_group``."""
+    if pool_group not in (INFERENCE_GROUP, INFERENCE_X_GROUP):
+        raise ValueError(f"unknown InferencePool group {pool_group!r}")
+    return PolicyRule(pool_group, "inferencepools", _READ)
+
+
+# Pool mode (--pool-name) with a v1 pool: read the pool, its pods, and the optional objective/rewrite CRDs.
 REQUIRED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule("", "pods", _READ),
-    PolicyRule(INFERENCE_GROUP, "inferencepools", _READ),
+    pool_rule(INFERENCE_GROUP),
     PolicyRule(INFERENCE_X_GROUP, "inferenceobjectives", _READ),
     PolicyRule(INFERENCE_X_GROUP, "inferencemodelrewrites", _READ),
 )
 
-# Added with --ha-enable-leader-election: the Lease it holds and the events the election records.
+# Added with --ha-enable-leader-election: the Lease it holds and the events the election records. picker itself
+# calls get/create/update (and list/watch, to hear of a release at once) on its Lease and create on events; the
+# rest are the verbs the reference grants, kept so either EPP runs under the same Role.
 LEADER_ELECTION_RULES: tuple[PolicyRule, ...] = (
     PolicyRule("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch", "delete")),
     PolicyRule("", "events", ("create", "patch")),
 )
 
 
-def rules_for(*, leader_election: bool) -> tuple[PolicyRule, ...]:
-    """Every rule picker needs in pool mode, with or without leader election."""
-    return REQUIRED_RULES + (LEADER_ELECTION_RULES if leader_election else ())
+def rules_for(*, leader_election: bool, pool_group: str = INFERENCE_GROUP) -> tuple[PolicyRule, ...]:
+    """Every rule picker needs in pool mode for a pool of ``pool_group``, with or without leader election."""
+    rules = tuple(pool_rule(pool_group) if r.resource == "inferencepools" else r for r in REQUIRED_RULES)
+    return rules + (LEADER_ELECTION_RULES if leader_election else ())

@@ -5,6 +5,10 @@ Services: ``""``, ``inference-extension`` (what the chart probes), ``readiness``
 endpoints are synced and until shutdown starts; ``liveness`` is SERVING while the process runs (a slow first sync
 or a drain is no reason to be restarted). Any other name is SERVICE_UNKNOWN — from ``Check`` too, as the
 reference answers, rather than a NOT_FOUND error. ``Watch`` is implemented (the reference leaves it out).
+
+With leader election (``require_leader()``, active-passive as the reference) the readiness services also need
+leadership (``set_leader``): a standby keeps its endpoints warm but is not ready, so the Service sends it nothing.
+``liveness`` stays SERVING on every replica.
 """
 
 from __future__ import annotations
@@ -30,11 +34,25 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     def __init__(self) -> None:
         self._ready = False
         self._draining = False
+        self._needs_leader = False
+        self._leader = False
         self._changed = asyncio.Event()
 
     @property
     def ready(self) -> bool:
-        return self._ready and not self._draining
+        return self._ready and not self._draining and (self._leader or not self._needs_leader)
+
+    def require_leader(self) -> None:
+        """Leader election is on: readiness needs ``set_leader(True)`` too. Call before serving."""
+        if not self._needs_leader:
+            self._needs_leader = True
+            self._notify()
+
+    def set_leader(self, leader: bool) -> None:
+        """This replica gained (True) or lost (False) leadership. Call on the event loop."""
+        if leader != self._leader:
+            self._leader = leader
+            self._notify()
 
     def set_ready(self, ready: bool) -> None:
         """Endpoints synced (True) or lost (False). Call on the event loop."""

@@ -45,6 +45,11 @@ class ResponsePath:
         self._sse: SSEUsageScanner | None = None
         self._restorer: rewrite.SSEModelRestorer | None = None
 
+    @property
+    def sse_events(self) -> int | None:
+        """SSE data events seen so far (``[DONE]`` excluded); None when the response is not an event stream."""
+        return self._sse.events if self._sse is not None else None
+
     def final_usage(self) -> Usage | None:
         """The response's usage, once it has ended (flushes a last SSE line without a newline)."""
         if self._sse is not None:

@@ -351,7 +351,7 @@ class Stream:
         assert self.response is not None
         chunk = b.body
         if chunk and self.routed.first_byte_at is None:
-            self.env.director.first_byte(self.routed)
+            self.env.director.first_byte(self.routed, token=self.response.streaming)
         out = self.response.body(chunk, b.end_of_stream)
         if b.end_of_stream:
             self._complete()
@@ -379,6 +379,7 @@ class Stream:
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
             served_key=self._served,
+            stream_events=self.response.sse_events,
         )
         self.phase = Phase.COMPLETE
 

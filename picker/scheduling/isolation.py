@@ -204,7 +204,7 @@ class Guard:
 
     def _cooled_down(self) -> bool:
         until = self._disabled_until
-        if until is None or self._clock() >= until:
+        if until is not None and self._clock() >= until:
             self._disabled_until = None
             if self._disabled is not None:
                 self._disabled.set(0)

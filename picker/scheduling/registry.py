@@ -11,17 +11,29 @@ from types import MappingProxyType
 from typing import Any
 
 from picker.scheduling.plugins import (
+    active_request,
+    by_label,
     datalayer,
+    flow_policies,
+    header_testing,
     kv_cache,
+    label_selector,
+    lmetric,
+    load_aware,
     lora,
     max_score,
+    no_hit_lru,
     parsers,
+    picker_load,
     prefix,
     queue,
     random_picker,
+    roles,
     running,
     saturation,
+    session_affinity,
     single_profile,
+    token_load,
     weighted_random,
 )
 from picker.scheduling.spec import PluginSpec
@@ -38,6 +50,21 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             kv_cache.SPEC,
             prefix.SPEC,
             lora.SPEC,
+            token_load.SPEC,
+            load_aware.SPEC,
+            active_request.SPEC,
+            session_affinity.SPEC,
+            no_hit_lru.SPEC,
+            picker_load.SPEC,
+            lmetric.SPEC,
+            # filters (the saturation detectors below are filters too)
+            label_selector.SPEC,
+            label_selector.BY_LABEL_SELECTOR_SPEC,
+            by_label.SPEC,
+            roles.SPEC,
+            roles.PREFILL_SPEC,
+            roles.ENCODE_SPEC,
+            header_testing.SPEC,
             # pickers
             max_score.SPEC,
             random_picker.SPEC,
@@ -52,6 +79,11 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             saturation.CONCURRENCY_SPEC,
             parsers.OPENAI_SPEC,
             parsers.PASSTHROUGH_SPEC,
+            flow_policies.SPEC,
+            flow_policies.ROUND_ROBIN_SPEC,
+            flow_policies.FCFS_SPEC,
+            flow_policies.EDF_SPEC,
+            flow_policies.STATIC_USAGE_LIMIT_SPEC,
         )
     }
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 
@@ -179,3 +180,99 @@ def test_record_error_counts_by_code() -> None:
     before = REGISTRY.get_sample_value("inference_objective_request_error_total", labels) or 0.0
     director.record_error(errors.BadRequest("x"), request())
     assert REGISTRY.get_sample_value("inference_objective_request_error_total", labels) == before + 1
+
+
+# -- in-flight and response accounting (TTFT/TPOT from streamed responses; admission feedback) ----------------
+
+
+class Recorder:
+    """An admitter that admits everything, can hold requests, and counts lease releases."""
+
+    def __init__(self) -> None:
+        self.releases = 0
+        self.gate: asyncio.Event | None = None
+
+    async def admit(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+
+    def released(self) -> None:
+        self.releases += 1
+
+
+async def test_non_streamed_responses_observe_no_ttft_or_tpot() -> None:
+    director, scheduler, inflight, clock = make()
+    routed = await director.route(parsed())
+    clock.advance(2.0)
+    director.first_byte(routed, token=False)  # a JSON body arrives whole, at the end
+    assert routed.first_byte_at == clock()
+    assert routed.first_token_at is None
+    assert inflight.load(P2).tokens == 40  # the prompt is no longer pending work
+    director.complete(routed, status=200, completion_tokens=40)
+    load = inflight.load(P2)
+    assert (load.ttft_s, load.tpot_s) == (None, None)
+    assert scheduler.post[-1].ttft_s is None
+
+
+async def test_tpot_from_stream_events_when_the_usage_has_no_tokens() -> None:
+    director, _, inflight, clock = make()
+    routed = await director.route(parsed())
+    clock.advance(0.3)
+    director.first_byte(routed, token=True)
+    clock.advance(0.9)
+    director.complete(routed, status=200, stream_events=10)
+    load = inflight.load(P2)
+    assert load.ttft_s == pytest.approx(0.3)
+    assert load.tpot_s == pytest.approx(0.1)
+
+
+async def test_usage_tokens_beat_the_event_count_and_one_token_gives_no_tpot() -> None:
+    director, _, inflight, clock = make()
+    routed = await director.route(parsed())
+    director.first_byte(routed)
+    clock.advance(1.0)
+    director.complete(routed, completion_tokens=5, stream_events=100)
+    assert inflight.load(P2).tpot_s == pytest.approx(0.25)
+    single = await director.route(parsed())
+    director.first_byte(single)
+    clock.advance(1.0)
+    director.complete(single, completion_tokens=1)
+    assert inflight.load(P2).tpot_s == pytest.approx(0.25)  # unchanged
+
+
+async def test_the_admitter_hears_every_release() -> None:
+    recorder = Recorder()
+    director, *_ = make(admitter=recorder, settings=ServerSettings(inflight_timeout_s=1.0))
+    director.complete(await director.route(parsed()))
+    director.abandon(await director.route(parsed()))
+    held = await director.route(parsed())
+    director.hold(held)
+    director.expire(held.routed_at + 1.0)
+    assert recorder.releases == 3
+    director.complete(held)  # already released: not again
+    assert recorder.releases == 3
+
+
+async def test_a_request_that_waited_in_admission_is_scheduled_on_the_current_endpoints() -> None:
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    director, *_ = make(admitter=recorder)
+    task = asyncio.create_task(director.route(parsed()))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    director.store.set_endpoints([endpoint(3, kv=0.5)])  # .2 left the pool while the request waited
+    recorder.gate.set()
+    routed = await task
+    assert routed.destination == P3
+
+
+async def test_a_pool_that_emptied_during_admission_is_503() -> None:
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    director, *_ = make(admitter=recorder)
+    task = asyncio.create_task(director.route(parsed()))
+    await asyncio.sleep(0)
+    director.store.set_endpoints([])
+    recorder.gate.set()
+    with pytest.raises(errors.ServiceUnavailable, match="failed to find endpoint candidates"):
+        await task

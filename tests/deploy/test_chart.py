@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
-from picker.discovery.rbac import LEADER_ELECTION_RULES, REQUIRED_RULES, rules_for
+from picker.discovery.rbac import INFERENCE_GROUP, INFERENCE_X_GROUP, LEADER_ELECTION_RULES, REQUIRED_RULES, rules_for
 
 from ._tools import CHART, NAMESPACE, RELEASE, Rendered, kubeconform, render, run, template, tool
 
 LABELS = {"app": "vllm-llama3-8b"}
 BASE: dict[str, Any] = {"inferencePool": {"modelServers": {"matchLabels": LABELS}}}
+V1ALPHA2 = {"inferencePool": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"}}
 ENGINES = ("vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve")
 
 # `picker serve` flags (picker/app.py). Anything else in the args is a chart bug — e.g. the reference chart's
@@ -68,7 +69,18 @@ CASES: dict[str, dict[str, Any]] = {
     "leader-election": merged(BASE, ie(replicas=2)),
     "monitoring": merged(BASE, ie(monitoring={"prometheus": {"enabled": True, "labels": {"release": "prom"}}})),
     "pool-off": {"inferencePool": {"create": False, "name": "shared-pool"}},
-    "pdb": merged(BASE, ie(replicas=3, podDisruptionBudget={"enabled": True, "minAvailable": 2})),
+    "pool-v1alpha2": merged(BASE, V1ALPHA2),
+    "rolling-update": merged(
+        BASE, ie(strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    ),
+    "rolling-update-ha": merged(
+        BASE,
+        ie(replicas=2, strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 2, "maxUnavailable": "100%"}}),
+    ),
+    "pool-off-v1alpha2-leader": merged(
+        {"inferencePool": {"create": False, "name": "shared-pool"}}, V1ALPHA2, ie(replicas=2)
+    ),
+    "pdb": merged(BASE, ie(podDisruptionBudget={"enabled": True, "minAvailable": 0})),
     "pdb-max-unavailable": merged(BASE, ie(podDisruptionBudget={"enabled": True, "maxUnavailable": 1})),
     "tls-secret": merged(BASE, ie(certSecretName="picker-tls")),
     "plaintext": merged(BASE, ie(secureServing=False, failureMode="FailClose")),
@@ -126,7 +138,11 @@ def test_objects_rendered_per_case(rendered: dict[str, Rendered]) -> None:
     assert set(rendered["pool-off"].kinds()) == base - {"InferencePool"}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "pool-off"])
+def pool_group(case: str) -> str:
+    return INFERENCE_X_GROUP if "v1alpha2" in case else INFERENCE_GROUP
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "pool-off" not in c and "v1alpha2" not in c])
 def test_inference_pool_follows_v1_rules(case: str, rendered: dict[str, Rendered]) -> None:
     out = rendered[case]
     pool = out.one("InferencePool")
@@ -151,6 +167,29 @@ def test_inference_pool_follows_v1_rules(case: str, rendered: dict[str, Rendered
     assert ref["port"]["number"] == ext_proc["port"] == 9002
 
 
+def test_v1alpha2_pool_has_the_older_shape(rendered: dict[str, Rendered]) -> None:
+    out = rendered["pool-v1alpha2"]
+    pool = out.one("InferencePool")
+    assert pool["apiVersion"] == "inference.networking.x-k8s.io/v1alpha2"
+    assert pool["spec"] == {
+        "targetPortNumber": 8000,
+        "selector": LABELS,
+        "extensionRef": {
+            "group": "",
+            "kind": "Service",
+            "name": f"{RELEASE}-epp",
+            "portNumber": 9002,
+            "failureMode": "FailOpen",
+        },
+    }
+    assert out.args()["pool-group"] == INFERENCE_X_GROUP
+    # picker reads this shape (the discovery parser), with the same selector and port.
+    from picker.discovery.kubeobjects import parse_pool
+
+    spec = parse_pool(pool)
+    assert (dict(spec.selector), spec.target_ports) == (LABELS, (8000,))
+
+
 def test_pool_values_carry_through(rendered: dict[str, Rendered]) -> None:
     assert rendered["defaults"].one("InferencePool")["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
     assert rendered["plaintext"].one("InferencePool")["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
@@ -165,10 +204,10 @@ def test_container_args_are_picker_flags(case: str, rendered: dict[str, Rendered
     out = rendered[case]
     args = out.args()
     assert set(args) <= PICKER_FLAGS, f"unknown flags {set(args) - PICKER_FLAGS}"
-    pool_name = "shared-pool" if case == "pool-off" else RELEASE
+    pool_name = "shared-pool" if "pool-off" in case else RELEASE
     assert args["pool-name"] == pool_name
     assert args["pool-namespace"] == NAMESPACE
-    assert args["pool-group"] == "inference.networking.k8s.io"
+    assert args["pool-group"] == pool_group(case)
     assert (args["grpc-port"], args["grpc-health-port"], args["metrics-port"]) == ("9002", "9003", "9090")
     assert args["zap-encoder"] == "json"
     # The config file picker loads is a key of the mounted ConfigMap.
@@ -279,6 +318,10 @@ def test_service_ports(rendered: dict[str, Rendered]) -> None:
 def test_deployment_rollout_settings(rendered: dict[str, Rendered]) -> None:
     spec = rendered["leader-election"].one("Deployment")["spec"]
     assert spec["strategy"] == {"type": "Recreate"}
+    surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert rendered["rolling-update"].one("Deployment")["spec"]["strategy"] == surge
+    ha = rendered["rolling-update-ha"].one("Deployment")["spec"]["strategy"]
+    assert ha["rollingUpdate"]["maxUnavailable"] == "100%"
     assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 130
     assert spec["replicas"] == 2
     resources = rendered["defaults"].container()["resources"]
@@ -316,11 +359,14 @@ def _rule_keys(role: dict[str, Any]) -> set[tuple[str, str, frozenset[str]]]:
     return keys
 
 
-@pytest.mark.parametrize(("case", "leader"), [("defaults", False), ("leader-election", True)])
+@pytest.mark.parametrize(
+    ("case", "leader"),
+    [("defaults", False), ("leader-election", True), ("pool-v1alpha2", False), ("pool-off-v1alpha2-leader", True)],
+)
 def test_rbac_equals_what_picker_declares(case: str, leader: bool, rendered: dict[str, Rendered]) -> None:
     out = rendered[case]
     role = out.one("Role")
-    assert _rule_keys(role) == {r.key() for r in rules_for(leader_election=leader)}
+    assert _rule_keys(role) == {r.key() for r in rules_for(leader_election=leader, pool_group=pool_group(case))}
     binding = out.one("RoleBinding")
     account = out.one("ServiceAccount")["metadata"]["name"]
     assert binding["roleRef"] == {
@@ -353,7 +399,7 @@ def test_service_monitor_scrapes_the_metrics_port(rendered: dict[str, Rendered])
 def test_pod_disruption_budget(rendered: dict[str, Rendered]) -> None:
     out = rendered["pdb"]
     pdb = out.one("PodDisruptionBudget")
-    assert pdb["spec"]["minAvailable"] == 2
+    assert pdb["spec"]["minAvailable"] == 0
     assert "maxUnavailable" not in pdb["spec"]
     pod_labels = out.one("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -401,6 +447,34 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "not both",
     ),
     "pdb-blocks-drains": (merged(BASE, ie(podDisruptionBudget={"enabled": True})), "would block every node drain"),
+    "pdb-with-leader-election": (
+        merged(BASE, ie(replicas=3, podDisruptionBudget={"enabled": True, "minAvailable": 2})),
+        "would block every drain of the leader's node",
+    ),
+    "pdb-max-unavailable-with-leader-election": (
+        merged(BASE, ie(replicas=2, podDisruptionBudget={"enabled": True, "maxUnavailable": 1})),
+        "only the leader is Ready",
+    ),
+    "rolling-update-never-finishes": (
+        merged(BASE, ie(replicas=2, strategy={"type": "RollingUpdate"})),
+        "with 2 replicas (leader election) only the leader is Ready, so a RollingUpdate with maxUnavailable 25%",
+    ),
+    "rolling-update-max-unavailable-1": (
+        merged(BASE, ie(replicas=3, strategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}})),
+        "never finishes",
+    ),
+    "pool-api-version": (
+        merged(BASE, {"inferencePool": {"apiVersion": "inference.networking.k8s.io/v1alpha2"}}),
+        "/inferencePool/apiVersion",
+    ),
+    "v1alpha2-two-ports": (
+        merged(BASE, V1ALPHA2, {"inferencePool": {"targetPorts": [{"number": 8000}, {"number": 8001}]}}),
+        "an inference.networking.x-k8s.io/v1alpha2 pool has one port",
+    ),
+    "v1alpha2-app-protocol": (
+        merged(BASE, V1ALPHA2, {"inferencePool": {"appProtocol": "http"}}),
+        "v1alpha2 pool has no appProtocol",
+    ),
 }
 
 
@@ -458,12 +532,15 @@ def test_every_value_is_documented() -> None:
     assert not missing, f"values not in docs/install-helm.md: {missing}"
 
 
-@pytest.mark.parametrize("case", ["defaults", "leader-election", "plaintext", "tls-secret", "flags"])
+@pytest.mark.parametrize(
+    "case", ["defaults", "leader-election", "plaintext", "tls-secret", "flags", "pool-off-v1alpha2-leader"]
+)
 def test_rendered_args_parse_with_picker_serve(case: str, rendered: dict[str, Rendered], tmp_path: Path) -> None:
     """The container args through the real `picker serve` argument parser."""
     import argparse
 
     from picker import app
+    from picker.discovery import kubesettings
 
     parser = argparse.ArgumentParser(prog="picker serve", exit_on_error=False)
     app.configure(parser)
@@ -472,13 +549,14 @@ def test_rendered_args_parse_with_picker_serve(case: str, rendered: dict[str, Re
         out = render(tmp_path, merged(BASE, ie(flags=flags)))
     else:
         out = rendered[case]
-    args, unknown = parser.parse_known_args(out.container()["args"])
-    # Pool mode's flags come with the Kubernetes discovery; until the parser has them they may be left over.
-    pool_flags = {"--pool-name", "--pool-namespace", "--pool-group", "--ha-enable-leader-election"}
-    if "--pool-name" in parser._option_string_actions:
-        assert unknown == []
-    else:
-        assert {u.partition("=")[0] for u in unknown} <= pool_flags
+    args = parser.parse_args(out.container()["args"])  # every rendered flag is one picker serve knows
+    # The pod's environment (the Deployment's env): the Lease holder is the pod name.
+    kube = kubesettings.settings_from_args(args, {"NAMESPACE": NAMESPACE, "POD_NAME": f"{RELEASE}-epp-abc12"})
+    assert kube is not None
+    assert (kube.pool_name, kube.pool_namespace) == (out.args()["pool-name"], NAMESPACE)
+    assert kube.pool_group == pool_group(case)
+    assert kube.leader_election is (out.one("Deployment")["spec"]["replicas"] > 1)
+    assert kube.identity == f"{RELEASE}-epp-abc12"
     assert (args.grpc_port, args.grpc_health_port, args.metrics_port) == (9002, 9003, 9090)
     assert args.config_file == "/config/default-plugins.yaml"
     assert args.zap_encoder == "json"

@@ -81,3 +81,35 @@ async def test_explicit_url_sends_no_credentials() -> None:
     async with FakeApiServer() as api, connect(api_server=api.url) as client:
         await KubeApi(client).list(PODS)
         assert api.authorizations == [None]
+
+
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "default")
+
+
+async def test_object_get_create_replace_with_optimistic_concurrency() -> None:
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"}, "spec": {}}
+    async with FakeApiServer() as api, connect(api_server=api.url) as client:
+        kube = KubeApi(client)
+        with pytest.raises(kubeapi.ResourceNotFound):
+            await kube.get(LEASES, "l")
+        created = await kube.create(LEASES, lease)
+        assert created["metadata"]["namespace"] == "default"
+        with pytest.raises(kubeapi.ResourceConflict, match="AlreadyExists"):
+            await kube.create(LEASES, lease)
+        read = await kube.get(LEASES, "l")
+        assert read == created
+        mine = {**read, "spec": {"holderIdentity": "a"}}
+        updated = await kube.replace(LEASES, mine)
+        assert int(updated["metadata"]["resourceVersion"]) > int(read["metadata"]["resourceVersion"])
+        # A write based on the version read before that update is refused: re-read and decide again.
+        with pytest.raises(kubeapi.ResourceConflict, match="the object has been modified"):
+            await kube.replace(LEASES, {**read, "spec": {"holderIdentity": "b"}})
+        assert (await kube.get(LEASES, "l"))["spec"] == {"holderIdentity": "a"}
+        # Without a resourceVersion the update is unconditional, as on a real apiserver.
+        unconditional = {**read, "metadata": {"name": "l"}, "spec": {"holderIdentity": "c"}}
+        assert (await kube.replace(LEASES, unconditional))["spec"] == {"holderIdentity": "c"}
+        api.fail_next("update", "leases", 503)
+        with pytest.raises(KubeApiError) as failed:
+            await kube.replace(LEASES, unconditional)
+        assert failed.value.status == 503
+    assert [s for _, _, s in api.responses] == [404, 201, 409, 200, 200, 409, 200, 200, 503]

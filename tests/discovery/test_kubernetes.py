@@ -237,18 +237,24 @@ async def test_unsupported_app_protocol_is_not_serving(api: FakeApiServer) -> No
         assert api.count("list", "pods") == 1  # the selector and ports did not change
 
 
-def test_every_watched_collection_has_its_rbac_rule() -> None:
-    granted = {(r.api_group, r.resource) for r in rbac.REQUIRED_RULES if {"list", "watch"} <= set(r.verbs)}
+@pytest.mark.parametrize("pool_group", [kubeobjects.POOL_GROUP, kubeobjects.POOL_GROUP_V1ALPHA2])
+def test_every_watched_collection_has_its_rbac_rule(pool_group: str) -> None:
+    rules = rbac.rules_for(leader_election=False, pool_group=pool_group)
+    granted = {(r.api_group, r.resource) for r in rules if {"list", "watch"} <= set(r.verbs)}
+    pool_mode = replace(FAST, pool_group=pool_group)
     standalone = replace(FAST, pool_name="", endpoint_selector=(("a", "b"),), target_ports=(8000,))
     unused = KubeApi(cast(kclient.ApiClient, None))  # nothing is called: watched() only reads the plan
     watched = {
         name: kube.KubeDiscovery(unused, store=EndpointStore(), policy_store=PolicyStore(), settings=s).watched()
-        for name, s in (("pool", FAST), ("standalone", standalone))
+        for name, s in (("pool", pool_mode), ("standalone", standalone))
     }
     assert len(watched["pool"]) == 4
+    assert (pool_group, "inferencepools") in watched["pool"]
     assert watched["standalone"] == (("", "pods"),)
     for kinds in watched.values():
         assert set(kinds) <= granted
+    # Only the pool group in use is granted (as the reference chart derives it from inferencePool.apiVersion).
+    assert sum(1 for r in rules if r.resource == "inferencepools") == 1
 
 
 async def test_repeated_410_on_watch_relists_each_time_and_converges(api: FakeApiServer) -> None:
@@ -358,6 +364,20 @@ def test_flags() -> None:
     assert parsed(["--pool-name", "p", "--kubeconfig", "/k"]).kubeconfig == "/k"
 
 
+def test_leader_election_flag() -> None:
+    assert not parsed(["--pool-name", "p"]).leader_election
+    s = parsed(["--pool-name", "p", "--ha-enable-leader-election"], {"POD_NAME": "epp-0"})
+    assert (s.leader_election, s.identity) == (True, "epp-0")
+    # controller-runtime's timings
+    assert (s.lease_duration_s, s.renew_deadline_s, s.retry_period_s) == (15.0, 10.0, 2.0)
+    assert parsed(["--pool-name", "p", "--ha-enable-leader-election=true"]).identity == ""  # no POD_NAME: random
+    assert not parsed(["--pool-name", "p", "--ha-enable-leader-election=false"]).leader_election
+    with pytest.raises(ConfigError, match="renew deadline"):
+        replace(s, renew_deadline_s=15.0).validate()
+    with pytest.raises(ConfigError, match="renew deadline"):
+        replace(s, retry_period_s=9.0).validate()
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -369,6 +389,8 @@ def test_flags() -> None:
         ["--endpoint-selector", "a", "--endpoint-target-ports", "8000"],
         ["--endpoint-selector", "a=b", "--endpoint-target-ports", "0"],
         ["--endpoint-selector", "a=b", "--endpoint-target-ports", "80,80"],
+        ["--ha-enable-leader-election"],  # the Lease is named after the pool
+        ["--endpoint-selector", "a=b", "--endpoint-target-ports", "8000", "--ha-enable-leader-election"],
     ],
 )
 def test_bad_flags(argv: list[str]) -> None:

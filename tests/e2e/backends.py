@@ -30,12 +30,14 @@ class Backend:
     queue: int = 0
     kv_usage: float = 0.1
     served: list[Served] = field(default_factory=list)
-    port: int = 0
+    port: int = 0  # 0: any free port (read it after start)
+    host: str = "127.0.0.1"  # any 127.0.0.0/8 address: several "pods" can share one port, as a pool's pods do
+    delay_s: float = 0.0  # time to "generate" before answering: keeps requests in flight
     _runner: web.AppRunner | None = None
 
     @property
     def hostport(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -45,7 +47,7 @@ class Backend:
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         server = site._server
         assert server is not None
@@ -73,6 +75,8 @@ class Backend:
         raw = await request.read()
         body = orjson.loads(raw)
         self.served.append(Served(request.path, {k.lower(): v for k, v in request.headers.items()}, body))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         n = int(body.get("max_tokens") or 4)
         words = [STREAM_WORDS[i % len(STREAM_WORDS)] for i in range(n)]
         usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}

@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.e2e import envoy_config
+from picker.bench import envoy as envoy_config
 from tests.e2e.backends import STREAM_WORDS, Backend
 from tests.e2e.procs import free_port, run_envoy, run_picker
 

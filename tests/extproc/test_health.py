@@ -60,3 +60,28 @@ async def test_watch_of_an_unknown_service_says_so_and_stays_open() -> None:
         assert not call.done()
         call.cancel()
         assert await call.code() == grpc.StatusCode.CANCELLED  # cancelled by us, not ended by the server
+
+
+async def test_with_leader_election_readiness_needs_leadership_liveness_does_not() -> None:
+    store = EndpointStore()
+    store.set_endpoints([endpoint(1)], synced=True)
+    async with picker(store) as running, grpc.aio.insecure_channel(f"127.0.0.1:{running.health_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        call = stub.Watch(health_pb2.HealthCheckRequest(service="readiness"))
+        assert (await call.read()).status == SERVING
+        running.health.require_leader()  # a standby: synced, warm, but not the leader
+        assert (await call.read()).status == NOT_SERVING
+        for service in READY_SERVICES:
+            assert await check(stub, service) == NOT_SERVING
+        assert await check(stub, "liveness") == SERVING
+        running.health.set_leader(True)
+        assert (await call.read()).status == SERVING
+        assert all([await check(stub, s) == SERVING for s in READY_SERVICES])
+        running.health.set_leader(False)  # lost the Lease
+        assert (await call.read()).status == NOT_SERVING
+        running.health.set_leader(True)
+        assert (await call.read()).status == SERVING
+        running.health.drain()  # shutdown wins over leadership
+        assert (await call.read()).status == NOT_SERVING
+        assert await check(stub, "liveness") == SERVING
+        call.cancel()

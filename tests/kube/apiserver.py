@@ -1,8 +1,8 @@
 """A stand-in Kubernetes API server for tests (aiohttp on 127.0.0.1): the list/watch wire protocol, faithfully.
 
 What it speaks, for pods and events (core/v1), leases (``coordination.k8s.io/v1``) and the custom resources
-InferencePool (v1 and v1alpha2), InferenceObjective and InferenceModelRewrite (``inference.networking.x-k8s.io/v1alpha2``),
-namespaced:
+InferencePool (v1 and v1alpha2), InferenceObjective and InferenceModelRewrite
+(``inference.networking.x-k8s.io/v1alpha2``), namespaced:
 
 - ``GET …/namespaces/{ns}/{plural}``: a JSON list (``kind: <Kind>List``) with ``metadata.resourceVersion``;
   ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, comma = AND) and ``fieldSelector``
@@ -29,10 +29,11 @@ namespaced:
 Test API (call from the test's event loop): ``create``/``replace``/``patch``/``delete`` objects (the
 resourceVersion is one global counter, incremented per change), ``compact()``, ``cut_watches()`` (abort every
 open watch connection mid-stream), ``expire_watches()``, ``set_installed(resource, bool)``, ``fail_next(...)``
-(answer the next requests with an error status; verbs list, watch, get, create, update, delete), ``send_bookmarks()``; ``requests`` records every call and
-``count(verb, resource)`` counts them, ``authorizations`` keeps their Authorization headers, ``responses`` the
-(verb, resource, HTTP status) of every get and write;
-``wait_watching(resource)`` waits until a watch is open.
+(answer the next requests with an error status; verbs list, watch, get, create, update, delete),
+``send_bookmarks()``; ``requests`` records every call, ``count(verb, resource)`` counts them and
+``verbs(resource)`` lists the verbs used (the RBAC a client needs), ``responses`` keeps the (verb, resource, HTTP
+status) of every get and write, ``authorizations`` the Authorization headers; ``wait_watching(resource)`` waits
+until a watch is open.
 
 Not modelled: authentication and authorization (no token is checked, no RBAC), admission, defaulting and
 validation (objects are stored as given), PATCH over HTTP, delete preconditions and options, server-side apply
@@ -589,38 +590,41 @@ class FakeApiServer:
         deadline = loop.time() + timeout_s
         interval = self.bookmark_interval_s if watch.bookmarks else None
         next_bookmark = loop.time() + interval if interval else float("inf")
-        while True:
-            now = loop.time()
-            if now >= deadline:
-                break
-            try:
-                async with asyncio.timeout(min(deadline, next_bookmark) - now):
-                    what, payload = await watch.queue.get()
-            except TimeoutError:
-                if loop.time() >= next_bookmark and interval:
-                    next_bookmark = loop.time() + interval
-                    what, payload = "bookmark", self.rv  # the queue is empty: every change is written
-                else:
-                    continue
-            if what == "event":
-                await resp.write(orjson.dumps(payload) + b"\n")
-            elif what == "bookmark":
-                # The version as of when the bookmark was queued: later changes may still be behind it.
-                bookmark: Obj = {
-                    "kind": watch.rtype.kind,
-                    "apiVersion": watch.rtype.api_version,
-                    "metadata": {"resourceVersion": str(payload)},
-                }
-                await resp.write(orjson.dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n")
-            elif what == "expire":
-                await resp.write(orjson.dumps({"type": "ERROR", "object": self._gone(payload or 0)}) + b"\n")
-                break
-            elif what == "cut":
-                if request.transport is not None:
-                    request.transport.abort()
-                return resp
-            else:  # end
-                break
+        try:
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    break
+                try:
+                    async with asyncio.timeout(min(deadline, next_bookmark) - now):
+                        what, payload = await watch.queue.get()
+                except TimeoutError:
+                    if loop.time() >= next_bookmark and interval:
+                        next_bookmark = loop.time() + interval
+                        what, payload = "bookmark", self.rv  # the queue is empty: every change is written
+                    else:
+                        continue
+                if what == "event":
+                    await resp.write(orjson.dumps(payload) + b"\n")
+                elif what == "bookmark":
+                    # The version as of when the bookmark was queued: later changes may still be behind it.
+                    bookmark: Obj = {
+                        "kind": watch.rtype.kind,
+                        "apiVersion": watch.rtype.api_version,
+                        "metadata": {"resourceVersion": str(payload)},
+                    }
+                    await resp.write(orjson.dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n")
+                elif what == "expire":
+                    await resp.write(orjson.dumps({"type": "ERROR", "object": self._gone(payload or 0)}) + b"\n")
+                    break
+                elif what == "cut":
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
+                else:  # end
+                    break
+        except ConnectionError:  # the client went away mid-stream: the watch is over
+            return resp
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp

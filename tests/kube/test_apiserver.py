@@ -215,3 +215,30 @@ async def test_injected_failures_and_unmodelled_pagination(api: FakeApiServer, h
     assert (await get_json(http, f"{api.url}{PODS}"))[0] == 200
     assert (await get_json(http, f"{api.url}{PODS}?limit=10"))[0] == 400
     assert api.count("list", "pods") == 4
+
+
+async def test_writes_over_http_reach_watches(api: FakeApiServer, http: aiohttp.ClientSession) -> None:
+    leases = f"{api.url}/apis/coordination.k8s.io/v1/namespaces/default/leases"
+    async with http.get(f"{leases}?watch=true&resourceVersion={api.rv}") as watch:
+        body = {"metadata": {"generateName": "l-"}, "spec": {"holderIdentity": "a"}}
+        async with http.post(leases, data=orjson.dumps(body)) as resp:
+            assert resp.status == 201
+            created = orjson.loads(await resp.read())
+        name = created["metadata"]["name"]
+        assert name.startswith("l-")
+        assert created["kind"] == "Lease"
+        async with http.put(f"{leases}/{name}", data=orjson.dumps(created)) as resp:
+            assert resp.status == 200
+        async with http.put(f"{leases}/{name}", data=orjson.dumps(created)) as resp:  # its version is stale now
+            assert resp.status == 409
+            assert orjson.loads(await resp.read())["reason"] == "Conflict"
+        async with http.put(f"{leases}/other", data=orjson.dumps({"metadata": {"name": "other"}})) as resp:
+            assert resp.status == 404
+        async with http.delete(f"{leases}/{name}") as resp:
+            assert resp.status == 200
+            assert orjson.loads(await resp.read())["status"] == "Success"
+        async with http.delete(f"{leases}/{name}") as resp:
+            assert resp.status == 404
+        events = await read_events(watch, 3)
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
+    assert api.verbs("leases") == {"watch", "create", "update", "delete"}

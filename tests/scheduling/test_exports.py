@@ -12,7 +12,9 @@ import picker.scheduling.plugins as plugins_pkg
 MODULES = [
     "picker.scheduling",
     "picker.scheduling.config",
+    "picker.scheduling.external",
     "picker.scheduling.framework",
+    "picker.scheduling.isolation",
     "picker.scheduling.profile",
     "picker.scheduling.registry",
     "picker.scheduling.scheduler",

@@ -173,7 +173,8 @@ def test_entry_point_registered_twice_differently_is_ambiguous(tmp_path: Path, m
     monkeypatch.syspath_prepend(str(tmp_path / "b"))
     message = config_error(HEAD + "plugins:\n- type: dup-scorer\n")
     assert "several installed distributions register 'dup-scorer'" in message
-    assert "plugins-a" in message and "plugins-b" in message
+    assert "plugins-a" in message
+    assert "plugins-b" in message
 
 
 def test_entry_point_that_fails_to_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,21 +7,40 @@ shorter than one block scores 0 everywhere.
 
 Learning (PreRequest): the request's hashes are added to the primary target and to the ``prefill`` profile's
 target, if any. Nothing is learned from real cache events (that is ``precise-prefix-cache-scorer``). Endpoints
-that leave the pool are purged (``endpoints_changed``).
+that leave the pool are purged (``endpoints_changed``). Each cycle's match is left in the ``CycleState`` as a
+``PrefixMatch`` (under ``match_key(name)`` and ``MATCH_STATE``) for later plugins of the cycle
+(``no-hit-lru-scorer``, ``token-load-scorer``, ``picker-load-scorer``).
 
 Parameters (reference names and defaults):
 ``blockSizeTokens`` 16 (block = x4 characters); ``autoTune`` true (block size from the first candidate's
 ``block_size`` metric, LRU capacity from its ``num_gpu_blocks``); ``maxPrefixBlocksToMatch`` 256;
 ``maxPrefixTokensToMatch`` 0 (> 0 overrides the block limit); ``lruCapacityPerServer`` 31250 blocks;
 ``blockSize`` (deprecated, characters; used when ``blockSizeTokens`` is not given).
+
+picker's options (all off by default, so the reference behaviour is unchanged):
+
+* ``scoreMode`` ``ratio`` (reference) | ``tokens``: score = min(1, matched_tokens / ``saturationTokens``)
+  (default 2048), with matched_tokens = P * min(1, matched_blocks * block_chars / prompt_chars) and P the
+  prompt's tokens from a ``TokenEstimator`` calibrated on responses' usage (``calibrateTokens`` true). A short
+  prompt matched whole no longer scores like a long one (the ratio's defect, GIE #2561).
+* ``charsPerToken`` 4: characters per token of a block (block = ``blockSizeTokens`` * this).
+* ``maxLoadFactor`` 0 (off; else ≥ 1): hot-prefix cap, bounded-load style. With n_e picker's in-flight requests
+  on e and N candidates, an endpoint with n_e + 1 > max(ceil(maxLoadFactor * (Σn + 1) / N), ``loadCapFloor``)
+  scores 0: the request goes elsewhere on load, and the prefix is learned there too (the hot prefix replicates).
+  ``loadCapFloor`` 1 keeps pure bounded loads, which already spread at low load; raise it to keep affinity until
+  an endpoint has that many requests in flight.
+* ``coldSpread`` 0 (off; ≤ 1): a request whose blocks no endpoint holds scores
+  coldSpread * (1 - blocks_e / max_c blocks_c), blocks_e being the blocks picker has placed on e (all equal ⇒
+  coldSpread): new prefixes go to the endpoint with the least cached content (SGLang's smallest tree).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+import math
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Literal, NamedTuple
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from picker.plugins import (
     Category,
@@ -30,18 +49,35 @@ from picker.plugins import (
     InferenceRequest,
     PluginContext,
     PluginParams,
+    ResponseInfo,
     SchedulingResult,
 )
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
 from picker.scheduling.spec import PluginSpec
+from picker.scheduling.tokens import DEFAULT_CHARS_PER_TOKEN, TokenEstimator
 
-__all__ = ["SPEC", "TYPE", "Params", "PrefixCacheScorer", "create"]
+__all__ = [
+    "MATCH_STATE",
+    "SPEC",
+    "TYPE",
+    "Params",
+    "PrefixCacheScorer",
+    "PrefixMatch",
+    "create",
+    "match_key",
+]
 
 TYPE = "prefix-cache-scorer"
 CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
+MATCH_STATE = "prefix-match"  # CycleState key: the match of the last prefix plugin that scored in the cycle
+
+
+def match_key(name: str) -> str:
+    """CycleState key of the match found by the prefix plugin named ``name``."""
+    return f"{MATCH_STATE}/{name}"
 
 
 class Params(PluginParams):
@@ -51,35 +87,112 @@ class Params(PluginParams):
     max_prefix_blocks_to_match: int = Field(default=256, ge=1)
     max_prefix_tokens_to_match: int = Field(default=0, ge=0)
     lru_capacity_per_server: int = Field(default=31250, ge=1)
+    # picker's options (module docstring)
+    score_mode: Literal["ratio", "tokens"] = "ratio"
+    saturation_tokens: int = Field(default=2048, ge=1)
+    chars_per_token: float = Field(default=DEFAULT_CHARS_PER_TOKEN, gt=0.0, le=16.0)
+    calibrate_tokens: bool = True
+    max_load_factor: float = Field(default=0.0, ge=0.0)
+    load_cap_floor: int = Field(default=1, ge=1)
+    cold_spread: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @field_validator("max_load_factor")
+    @classmethod
+    def _load_factor(cls, value: float) -> float:
+        if 0.0 < value < 1.0:
+            raise ValueError("must be 0 (off) or at least 1")
+        return value
+
+
+class PrefixMatch(NamedTuple):
+    """What a prefix plugin found for one request in one cycle (a tuple: made on every cycle)."""
+
+    blocks: Mapping[str, int]  # candidate key -> blocks it holds along the walk (absent: none)
+    total_blocks: int  # the request's blocks (0: shorter than one block)
+    block_chars: int  # bytes of prompt text per block
+    prompt_chars: int  # bytes of the whole prompt text
+    prompt_tokens: float  # estimated tokens of the whole prompt
+
+    @property
+    def cold(self) -> bool:
+        """No candidate holds any of the request's blocks."""
+        return not self.blocks
+
+    def matched_fraction(self, key: str) -> float:
+        if self.prompt_chars <= 0:
+            return 0.0
+        return min(1.0, self.blocks.get(key, 0) * self.block_chars / self.prompt_chars)
+
+    def matched_tokens(self, key: str) -> float:
+        return self.prompt_tokens * self.matched_fraction(key)
+
+    def uncached_tokens(self, key: str) -> float:
+        return self.prompt_tokens - self.matched_tokens(key)
+
+
+class _Blocks(NamedTuple):
+    block_chars: int
+    hashes: tuple[int, ...]
+    prompt_chars: int
 
 
 class PrefixCacheScorer:
     type: ClassVar[str] = TYPE
     category: ClassVar[Category] = Category.AFFINITY
 
-    def __init__(self, name: str, params: Params) -> None:
+    def __init__(self, name: str, params: Params, ctx: PluginContext | None = None) -> None:
         self.name = name
         self.params = params
         self.index = PrefixIndex(params.lru_capacity_per_server)
-        self._state_key = f"{TYPE}/{name}"
+        self.tokens = TokenEstimator(params.chars_per_token, calibrate=params.calibrate_tokens and self._uses_tokens())
+        self._ctx = ctx
+        self._state_key = f"{self.type}/{name}"
+        self._match_key = match_key(name)
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
         )
 
+    def _uses_tokens(self) -> bool:
+        """Whether scores depend on token counts (then the estimator calibrates from responses)."""
+        return self.params.score_mode == "tokens"
+
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
-        hashes = self._hashes(req, endpoints, cycle)
-        if not hashes:
+        match = self.match(req, endpoints, cycle)
+        if not match.total_blocks:
             return ScoreVector.constant(endpoints, 0.0)
-        counts = self.index.match(hashes)
-        total = len(hashes)
-        return ScoreVector(endpoints, [counts.get(e.key, 0) / total for e in endpoints])
+        params = self.params
+        if match.cold:
+            return self._spread(endpoints) if params.cold_spread > 0.0 else ScoreVector.constant(endpoints, 0.0)
+        counts = match.blocks
+        if params.score_mode == "ratio":
+            total = match.total_blocks
+            scores = [counts.get(e.key, 0) / total for e in endpoints]
+        else:
+            saturation = float(params.saturation_tokens)
+            scores = [min(1.0, match.matched_tokens(e.key) / saturation) for e in endpoints]
+        if params.max_load_factor > 0.0:
+            self._cap_hot(endpoints, scores)
+        return ScoreVector(endpoints, scores)
+
+    def match(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> PrefixMatch:
+        """The request's match against the index; also left in ``cycle`` for later plugins."""
+        blocks = self._blocks(req, endpoints, cycle)
+        counts = self.index.match(blocks.hashes) if blocks.hashes else {}
+        if counts:  # only candidates count: an endpoint filtered out does not make the request warm
+            counts = {e.key: n for e in endpoints if (n := counts.get(e.key, 0))}
+        found = PrefixMatch(
+            counts, len(blocks.hashes), blocks.block_chars, blocks.prompt_chars, self.tokens.prompt_tokens(req)
+        )
+        cycle[self._match_key] = found
+        cycle[MATCH_STATE] = found
+        return found
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
         if not result.targets:
             return
         cycle = result.cycle if result.cycle is not None else CycleState()
-        hashes = self._hashes(req, result.targets, cycle)
+        hashes = self._blocks(req, result.targets, cycle).hashes
         if not hashes:
             return
         self._learn(result.targets[0], hashes)
@@ -87,33 +200,60 @@ class PrefixCacheScorer:
         if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
             self._learn(prefill.targets[0], hashes)
 
+    def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        self.tokens.observe(req, info.prompt_tokens)
+
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         self.index.retain(keys)
+
+    def _cap_hot(self, endpoints: Sequence[Endpoint], scores: list[float]) -> None:
+        ctx = self._ctx
+        if ctx is None or not endpoints:
+            return
+        params = self.params
+        loads = [ctx.load(e).requests for e in endpoints]
+        cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(endpoints)), params.load_cap_floor)
+        for i, n in enumerate(loads):
+            if n + 1 > cap:
+                scores[i] = 0.0
+
+    def _spread(self, endpoints: Sequence[Endpoint]) -> ScoreVector:
+        spread = self.params.cold_spread
+        sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
+        high = max(sizes, default=0)
+        if high == 0:
+            return ScoreVector.constant(endpoints, spread)
+        return ScoreVector(endpoints, [spread * (1.0 - s / high) for s in sizes])
 
     def _learn(self, endpoint: Endpoint, hashes: Sequence[int]) -> None:
         capacity = endpoint.metrics.num_gpu_blocks if self.params.auto_tune else None
         self.index.add(endpoint.key, hashes, capacity)
 
-    def _hashes(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> tuple[int, ...]:
+    def _blocks(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> _Blocks:
+        chars_per_token = self.params.chars_per_token
         block_tokens = self.params.block_size_tokens
         if self.params.auto_tune and endpoints and endpoints[0].metrics.block_size:
             block_tokens = endpoints[0].metrics.block_size
-            block_bytes = block_tokens * CHARS_PER_TOKEN
+            block_bytes = max(1, round(block_tokens * chars_per_token))
         elif self._legacy_block_bytes is not None:
             block_bytes = self._legacy_block_bytes
-            block_tokens = max(1, block_bytes // CHARS_PER_TOKEN)
+            block_tokens = max(1, int(block_bytes // chars_per_token))
         else:
-            block_bytes = block_tokens * CHARS_PER_TOKEN
+            block_bytes = max(1, round(block_tokens * chars_per_token))
         cached = cycle.get(self._state_key)
-        if cached is not None and cached[0] == block_bytes:
-            hashes: tuple[int, ...] = cached[1]
-            return hashes
+        if cached is not None and cached.block_chars == block_bytes:
+            blocks: _Blocks = cached
+            return blocks
         max_blocks = self.params.max_prefix_blocks_to_match
         if self.params.max_prefix_tokens_to_match > 0:
             max_blocks = -(-self.params.max_prefix_tokens_to_match // block_tokens)
-        hashes = prefix_hashes(req.prompt_text, block_bytes, max_blocks, req.target_model, _cache_salt(req))
-        cycle[self._state_key] = (block_bytes, hashes)
-        return hashes
+        text = req.prompt_text
+        hashes = prefix_hashes(text, block_bytes, max_blocks, req.target_model, _cache_salt(req))
+        # Hashing cuts UTF-8 bytes; the prompt's size is counted the same way.
+        size = len(text) if text.isascii() else len(text.encode())
+        blocks = _Blocks(block_bytes, hashes, size)
+        cycle[self._state_key] = blocks
+        return blocks
 
 
 def _cache_salt(req: InferenceRequest) -> str:
@@ -125,7 +265,7 @@ def _cache_salt(req: InferenceRequest) -> str:
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
-    return PrefixCacheScorer(name, params)
+    return PrefixCacheScorer(name, params, ctx)
 
 
 SPEC = PluginSpec(TYPE, Params, create)

@@ -14,6 +14,11 @@ fullnameOverride or the release name, cut so "<name>-epp" fits the 63-character 
 {{- default (include "picker.name" .) .Values.inferencePool.name -}}
 {{- end -}}
 
+{{/* API group of the InferencePool (--pool-group, and the group the Role grants inferencepools in). */}}
+{{- define "picker.poolGroup" -}}
+{{- first (splitList "/" .Values.inferencePool.apiVersion) -}}
+{{- end -}}
+
 {{- define "picker.serviceAccountName" -}}
 {{- default (include "picker.eppName" .) .Values.inferenceExtension.serviceAccount.name -}}
 {{- end -}}
@@ -63,6 +68,14 @@ Checks the JSON schema cannot express: cross-key rules. Included once from the D
 {{- if and (ne $ie.pluginsConfigFile "default-plugins.yaml") (not (hasKey $ie.pluginsCustomConfig $ie.pluginsConfigFile)) -}}
 {{- fail (printf "inferenceExtension.pluginsConfigFile %q is neither default-plugins.yaml nor a key of inferenceExtension.pluginsCustomConfig" $ie.pluginsConfigFile) -}}
 {{- end -}}
+{{- if eq (include "picker.poolGroup" .) "inference.networking.x-k8s.io" -}}
+{{- if gt (len .Values.inferencePool.targetPorts) 1 -}}
+{{- fail "inferencePool.targetPorts: an inference.networking.x-k8s.io/v1alpha2 pool has one port (targetPortNumber); use apiVersion inference.networking.k8s.io/v1 for several" -}}
+{{- end -}}
+{{- if .Values.inferencePool.appProtocol -}}
+{{- fail "inferencePool.appProtocol: an inference.networking.x-k8s.io/v1alpha2 pool has no appProtocol; use apiVersion inference.networking.k8s.io/v1" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.inferencePool.create (not .Values.inferencePool.modelServers.matchLabels) -}}
 {{- fail "inferencePool.modelServers.matchLabels is required when inferencePool.create is true: the labels of your model-server pods" -}}
 {{- end -}}
@@ -71,8 +84,26 @@ Checks the JSON schema cannot express: cross-key rules. Included once from the D
 {{- if and (not (kindIs "invalid" $pdb.minAvailable)) (not (kindIs "invalid" $pdb.maxUnavailable)) -}}
 {{- fail "inferenceExtension.podDisruptionBudget: set minAvailable or maxUnavailable, not both (null the other)" -}}
 {{- end -}}
+{{- if include "picker.leaderElection" . -}}
+{{- fail (printf "inferenceExtension.podDisruptionBudget: with %d replicas (leader election) only the leader is Ready, so a PodDisruptionBudget would block every drain of the leader's node (evictions never allowed); leave it off: an evicted leader releases its Lease and a standby takes over" (int $ie.replicas)) -}}
+{{- end -}}
 {{- if and (eq (int $ie.replicas) 1) (eq (include "picker.pdbMinAvailable" .) "1") -}}
 {{- fail "inferenceExtension.podDisruptionBudget.minAvailable 1 with 1 replica would block every node drain; raise replicas or use maxUnavailable" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (include "picker.leaderElection" .) (eq $ie.strategy.type "RollingUpdate") -}}
+{{- /* Only the leader is Ready: new pods (standbys) never turn Ready while an old leader runs, so a rolling update
+that must keep an old pod until new ones are Ready never finishes. Only maxUnavailable >= replicas avoids that. */ -}}
+{{- $maxUnavailable := "25%" -}}
+{{- with $ie.strategy.rollingUpdate -}}{{- if hasKey . "maxUnavailable" -}}{{- $maxUnavailable = .maxUnavailable -}}{{- end -}}{{- end -}}
+{{- $all := false -}}
+{{- if kindIs "string" $maxUnavailable -}}
+{{- $all = eq $maxUnavailable "100%" -}}
+{{- else -}}
+{{- $all = ge (int $maxUnavailable) (int $ie.replicas) -}}
+{{- end -}}
+{{- if not $all -}}
+{{- fail (printf "inferenceExtension.strategy: with %d replicas (leader election) only the leader is Ready, so a RollingUpdate with maxUnavailable %v never finishes; use type Recreate, or RollingUpdate with rollingUpdate.maxUnavailable: 100%% (docs/kubernetes.md, Rollouts)" (int $ie.replicas) $maxUnavailable) -}}
 {{- end -}}
 {{- end -}}
 {{- $owned := list "pool-name" "pool-namespace" "pool-group" "grpc-port" "grpc-health-port" "metrics-port" "config-file" "config-text" "secure-serving" "cert-path" "ha-enable-leader-election" "zap-encoder" "endpoints" "endpoint-selector" "endpoint-target-ports" -}}

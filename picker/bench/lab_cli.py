@@ -1,0 +1,186 @@
+"""``picker bench lab``: routing policies against N simulated engines in virtual time, one table per rate.
+
+    picker bench lab                                           # the default sweep (docs/lab.md)
+    picker bench lab --workload shared-prefix --engines 8 --rates 20,40,80,160 --requests 2000 \\
+        --policies rr,lc,p2c,random,reference,picker,cache-aware,lmetric --seed 0 --json lab.json --png lab.png
+    picker bench lab --rate 80 --requests 10000 --policies reference --config my-config.yaml
+
+Every policy sees the same requests at the same times (the workload and the arrival schedule depend only on
+the seed). The logic lives in ``lab`` (the simulation), ``policies`` and ``lab_report``; this module parses flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from picker import errors
+from picker.bench import lab_report
+from picker.bench.lab import LabConfig, poisson_schedule, run_lab
+from picker.bench.load_cli import WORKLOADS, build_workload
+from picker.bench.policies import POLICY_NAMES
+from picker.sim.config import PRESETS, EngineConfig, preset
+
+__all__ = ["DEFAULT_POLICIES", "DEFAULT_RATES", "LAB_SIZES", "configure", "engine_config", "run"]
+
+DEFAULT_POLICIES = "rr,lc,p2c,random,reference,picker,cache-aware,lmetric"
+DEFAULT_RATES = "20,40,80,160,320"
+# Per preset, the engine size of the default sweep: a KV pool that holds a few of the workload's system prompts
+# but not all of them, so where a prompt goes decides whether its prefix is cached (docs/lab.md).
+LAB_SIZES: dict[str, dict[str, int]] = {"h100-8b": {"num_gpu_blocks": 2048}}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma list of {', '.join(POLICY_NAMES)}")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also run picker's scheduler with this EndpointPickerConfig (same as config:FILE in --policies)",
+    )
+    rates = parser.add_mutually_exclusive_group()
+    rates.add_argument("--rate", type=float, help="one Poisson arrival rate, req/s")
+    rates.add_argument("--rates", default=DEFAULT_RATES, help=f"comma list of rates (default {DEFAULT_RATES})")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per run (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="workload, arrivals and the policies' random source")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument(
+        "--scrape-interval", type=float, default=0.1, metavar="S", help="metrics scrape interval, virtual s"
+    )
+
+    e = parser.add_argument_group("engines")
+    e.add_argument("--engines", type=int, default=8)
+    e.add_argument("--preset", choices=sorted(PRESETS), default="h100-8b")
+    e.add_argument("--num-gpu-blocks", type=int, help="KV blocks per engine (default: 2048 for h100-8b)")
+    e.add_argument("--max-num-seqs", type=int)
+    e.add_argument("--max-loras", type=int, help="adapters per batch (with --lora)")
+
+    w = parser.add_argument_group("workload (as picker load)")
+    w.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
+    w.add_argument("--fixed", type=int, metavar="N", help="every answer exactly N tokens (ignore_eos)")
+    w.add_argument("--groups", type=int, default=32, help="shared-prefix: groups")
+    w.add_argument("--prompts-per-group", type=int, default=16, help="shared-prefix: prompts per group")
+    w.add_argument("--system-len", type=int, default=2048, help="shared-prefix / multi-turn: system prompt tokens")
+    w.add_argument("--question-len", type=int, default=64, help="shared-prefix / multi-turn: question tokens")
+    w.add_argument("--output-len", type=int, default=64, help="answer tokens (shared-prefix, multi-turn, fixed)")
+    w.add_argument("--sessions", type=int, default=32, help="multi-turn: concurrent sessions")
+    w.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session")
+    w.add_argument("--answer-len", type=int, default=64, help="multi-turn: synthetic answer tokens in history")
+    w.add_argument("--prompt-len", type=int, default=256, help="fixed: prompt tokens")
+    w.add_argument("--long-fraction", type=float, default=0.2, help="short-long: share of 512-token streams")
+    w.add_argument("--lora", help="comma-separated adapters (served by every engine)")
+    w.add_argument("--lora-weights", help="comma-separated weights for --lora (e.g. 60,30,10)")
+
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", type=Path, help="write every run's summary (deterministic for a seed)")
+    o.add_argument("--records", action="store_true", help="include per-request records in --json")
+    o.add_argument("--png", "--plot", dest="png", type=Path, help="write a PNG (TTFT/TPOT, TTFT p90 vs rate, shares)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    changes: dict[str, Any] = dict(LAB_SIZES.get(args.preset, {}))
+    if args.num_gpu_blocks is not None:
+        changes["num_gpu_blocks"] = args.num_gpu_blocks
+    if args.max_num_seqs is not None:
+        changes["max_num_seqs"] = args.max_num_seqs
+    if args.lora:
+        changes["lora_adapters"] = tuple(a.strip() for a in args.lora.split(",") if a.strip())
+    if args.max_loras is not None:
+        changes["max_loras"] = args.max_loras
+    return preset(args.preset, **changes)
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    names += [f"config:{path}" for path in args.config]
+    if not names:
+        raise ValueError("no policies given")
+    return names
+
+
+def _rates(args: argparse.Namespace) -> list[float]:
+    if args.rate is not None:
+        rates = [args.rate]
+    else:
+        try:
+            rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        except ValueError:
+            raise ValueError(f"--rates must be comma-separated numbers, got {args.rates!r}") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError("rates must be > 0")
+    return rates
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        workload = build_workload(args)
+        config = LabConfig(
+            engine_config(args), engines=args.engines, scrape_interval_s=args.scrape_interval, api=args.api,
+            seed=args.seed,
+        )  # fmt: skip
+        policies, rates = _policies(args), _rates(args)
+        if args.requests < 1:
+            raise ValueError("--requests must be >= 1")
+    except ValueError as exc:
+        print(f"picker bench lab: {exc}", file=sys.stderr)
+        return 2
+    e = config.engine
+    print(
+        f"lab: {workload.name}, {args.requests} requests per run, {config.engines} x {args.preset} engines "
+        f"({e.num_gpu_blocks} KV blocks of {e.block_size} tokens, max {e.max_num_seqs} seqs), "
+        f"scrape every {config.scrape_interval_s * 1e3:g} ms, seed {args.seed}",
+        flush=True,
+    )
+    servers = [f"sim-{i}" for i in range(config.engines)]
+    rows: list[lab_report.Row] = []
+    runs_json: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for rate in rates:
+        arrivals = poisson_schedule(workload, rate, args.requests, args.seed)
+        rate_rows = []
+        for policy in policies:
+            try:
+                lab_run = run_lab(config, policy, arrivals, workload=workload, rate=rate)
+            except (ValueError, errors.ConfigError) as exc:
+                print(f"picker bench lab: policy {policy!r}: {exc}", file=sys.stderr)
+                return 2
+            print(
+                f"  {policy} at {rate:g} req/s: {len(arrivals)} requests, {lab_run.events} events, "
+                f"wall {lab_run.wall_s:.2f} s",
+                flush=True,
+            )
+            row = lab_report.make_row(lab_run.policy, lab_run.result, servers, rate)
+            rate_rows.append(row)
+            runs_json.append({**lab_report.row_json(row, records=args.records), **lab_run.to_json()})
+        lab_report.print_rows(f"{workload.name} at {rate:g} req/s ({config.engines} engines)", rate_rows)
+        rows.extend(rate_rows)
+    print(f"lab: {len(rows)} runs, {len(rows) * args.requests} requests in {time.perf_counter() - started:.1f} s wall")
+    if args.json:
+        doc = {
+            "lab": {
+                "workload": workload.name,
+                "requests": args.requests,
+                "rates": rates,
+                "policies": policies,
+                "seed": args.seed,
+                "api": args.api,
+                "engines": config.engines,
+                "preset": args.preset,
+                "engine_config": dataclasses.asdict(config.engine),
+                "scrape_interval_s": config.scrape_interval_s,
+            },
+            "runs": runs_json,
+        }
+        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        print(f"wrote {args.json}")
+    if args.png:
+        lab_report.plot_rows(rows, args.png, f"policy lab: {workload.name}, {config.engines} x {args.preset}")
+        print(f"wrote {args.png}")
+    return 0

@@ -1,0 +1,78 @@
+"""Configuration values in Kubernetes spelling: Go durations (``200ms``, ``1m30s``) and resource quantities
+(``1Gi``, ``500M``), as the EndpointPickerConfig writes them. Plain numbers are seconds / bytes.
+
+Both raise ``ValueError`` (pydantic validators turn it into a ``ConfigError`` naming the key).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["duration_s", "quantity"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_QUANTITY = re.compile(r"([+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?")
+_SUFFIX = {
+    "": 1.0,
+    "m": 1e-3,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+    "Pi": 2.0**50,
+    "Ei": 2.0**60,
+}
+
+
+def duration_s(value: object) -> float:
+    """Seconds from a Go duration string or a number of seconds; negative or malformed ⇒ ``ValueError``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for match in _DURATION.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNIT_S[match.group(2)]
+                pos = match.end()
+            if pos != len(text) or not text:
+                raise ValueError(f"{value!r} is not a duration like 200ms, 2s, 1m30s") from None
+    else:
+        raise ValueError(f"{value!r} is not a duration")
+    if seconds < 0:
+        raise ValueError(f"{value!r}: a duration can't be negative")
+    return seconds
+
+
+def quantity(value: object) -> int:
+    """An integer amount (bytes, requests) from a Kubernetes quantity (``1Gi``, ``500M``, ``1e6``) or a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        amount = float(value)
+    elif isinstance(value, float):
+        amount = value
+    elif isinstance(value, str):
+        match = _QUANTITY.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(f"{value!r} is not a quantity like 1Gi, 500M or 1000")
+        amount = float(match.group(1)) * _SUFFIX[match.group(2) or ""]
+    else:
+        raise ValueError(f"{value!r} is not a quantity")
+    if amount < 0:
+        raise ValueError(f"{value!r}: a quantity can't be negative")
+    return int(amount)

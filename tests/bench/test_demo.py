@@ -1,0 +1,124 @@
+"""``picker demo --short`` end to end (simulated servers, picker, the real Envoy): picker ahead of round robin, and
+nothing left running afterwards — after success, after a failing child, after Ctrl-C.
+
+Each demo runs in a session of its own, so "nothing left" is checked as "no process in that session".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+DEMO = [sys.executable, "-m", "picker.cli", "demo", "--short"]
+
+
+def session_members(sid: int) -> list[str]:
+    """Command lines of live (non-zombie) processes in session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*DEMO, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def finish(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the demo did not finish within {timeout_s} s:\n{out.decode(errors='replace')[-4000:]}")
+    return proc.returncode, out.decode(errors="replace")
+
+
+def assert_nothing_left(sid: int) -> None:
+    for _ in range(50):  # children are reaped by the demo before it exits; allow the kernel a moment
+        left = session_members(sid)
+        if not left:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"processes left behind: {left}")
+
+
+def test_short_demo_shows_picker_ahead_of_round_robin_and_cleans_up(tmp_path: Path) -> None:
+    proc = start(["--json", "demo.json", "--png", "demo.png"], tmp_path)
+    code, out = finish(proc, 90.0)
+    assert code == 0, out
+    assert_nothing_left(proc.pid)
+    doc = orjson.loads((tmp_path / "demo.json").read_bytes())
+    rr, picker = doc["phases"]
+    assert (rr["label"], picker["label"]) == ("envoy round robin", "envoy + picker")
+    for phase in (rr, picker):
+        s = phase["summary"]
+        assert s["ok"] == s["requests"] > 50
+        assert len(phase["shares"]) == 4
+    assert rr["imbalance"] == pytest.approx(1.0, abs=0.1)  # Envoy's round robin
+    ratios = doc["ratios"]
+    print(f"\npicker vs round robin TTFT: mean {ratios['ttft_mean']:.2f}x, p50 {ratios['ttft_p50']:.2f}x, "
+          f"p90 {ratios['ttft_p90']:.2f}x lower; cached {picker['summary']['cached_share']:.0%} vs "
+          f"{rr['summary']['cached_share']:.0%}")  # fmt: skip
+    assert picker["summary"]["ttft_s"]["mean"] < rr["summary"]["ttft_s"]["mean"]
+    assert picker["summary"]["cached_share"] > rr["summary"]["cached_share"]
+    assert {p["name"] for p in doc["processes"]} == {"sims", "picker", "envoy"}
+    assert all(p["returncode"] == 0 for p in doc["processes"])
+    assert "envoy + picker" in out
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_a_child_that_fails_makes_the_demo_exit_nonzero_and_stops_the_rest(tmp_path: Path) -> None:
+    fake = tmp_path / "envoy"
+    fake.write_text("#!/bin/sh\necho 'fake envoy: cannot start' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    proc = start([], tmp_path, env=dict(os.environ, PICKER_ENVOY_BIN=str(fake)))
+    code, out = finish(proc, 60.0)
+    assert code == 1, out
+    assert "envoy" in out
+    assert "fake envoy: cannot start" in out
+    assert "started sims" in out  # the servers were up when Envoy failed, and were stopped
+    assert_nothing_left(proc.pid)
+
+
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    proc = start([], tmp_path)
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"started envoy" not in seen:  # the first phase's whole stack is up
+        line = proc.stdout.readline()
+        assert line, seen.decode(errors="replace")  # the demo ended before its first Envoy started
+        assert time.monotonic() < deadline, seen.decode(errors="replace")
+        seen += line
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    code, out = finish(proc, 30.0)
+    assert code == 128 + signal.SIGINT, seen.decode() + out
+    assert "SIGINT" in out
+    assert_nothing_left(proc.pid)

@@ -1,0 +1,76 @@
+"""``picker bench lab``: flags, the table per rate, and JSON that is the same for a seed (in another process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from picker.cli import main
+
+SMALL = [
+    "bench", "lab", "--engines", "4", "--requests", "60", "--groups", "4", "--system-len", "256",
+    "--prompts-per-group", "4", "--output-len", "8", "--num-gpu-blocks", "256",
+]  # fmt: skip
+
+
+def test_lab_prints_a_table_per_rate_and_writes_json_and_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, png = tmp_path / "lab.json", tmp_path / "lab.png"
+    argv = [*SMALL, "--rates", "5,20", "--policies", "rr,reference,lmetric", "--json", str(out), "--png", str(png)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "shared-prefix at 5 req/s (4 engines)" in text
+    assert "shared-prefix at 20 req/s (4 engines)" in text
+    assert "wall" in text
+    doc = orjson.loads(out.read_bytes())
+    assert doc["lab"]["engine_config"]["num_gpu_blocks"] == 256
+    runs = doc["runs"]
+    assert [(r["policy"], r["rate"]) for r in runs] == [
+        (p, rate) for rate in (5.0, 20.0) for p in ("rr", "reference", "lmetric")
+    ]
+    for r in runs:
+        assert r["summary"]["requests"] == r["summary"]["ok"] == 60
+        assert sum(r["shares"].values()) == pytest.approx(1.0)
+        assert [e["name"] for e in r["engines"]] == ["sim-0", "sim-1", "sim-2", "sim-3"]
+        assert "records" not in r
+    rr = runs[0]
+    assert rr["shares"] == {f"sim-{i}": 0.25 for i in range(4)}
+    assert rr["imbalance"] == 1.0
+    assert png.stat().st_size > 10_000
+
+
+def test_the_json_is_the_same_for_a_seed_in_another_process(tmp_path: Path) -> None:
+    def run(seed: int, hash_seed: str) -> bytes:
+        out = tmp_path / f"lab-{seed}-{hash_seed}.json"
+        argv = [*SMALL, "--rate", "10", "--policies", "p2c,picker,cache-aware", "--seed", str(seed)]
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        subprocess.run(
+            [sys.executable, "-m", "picker.cli", *argv, "--records", "--json", str(out)],
+            env=env, check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        return out.read_bytes()
+
+    first = run(3, "1")
+    assert run(3, "2") == first
+    assert run(4, "1") != first
+
+
+def test_config_files_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "queue-only.yaml"
+    cfg.write_text(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: queue-scorer\n"
+    )
+    assert main([*SMALL, "--rate", "5", "--policies", "rr", "--config", str(cfg)]) == 0
+    assert f"config:{cfg}" in capsys.readouterr().out
+    assert main([*SMALL, "--rate", "5", "--policies", "fastest"]) == 2
+    assert "unknown policy 'fastest'" in capsys.readouterr().err
+    assert main([*SMALL, "--rates", "5,x"]) == 2
+    assert main([*SMALL, "--rate", "5", "--policies", "rr", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read config file" in capsys.readouterr().err

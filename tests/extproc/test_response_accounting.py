@@ -1,0 +1,97 @@
+"""In-flight and response accounting through the stream: TTFT/TPOT only from streamed responses, usage from SSE
+split across chunks, release at completion, at stream end, and by timeout when no response phase comes."""
+
+from __future__ import annotations
+
+import pytest
+
+from picker.extproc.stream import Phase, Stream
+from tests.extproc.gateway import MODE, headers_msg
+from tests.extproc.test_stream import (
+    BODY,
+    HEADERS,
+    P2,
+    Env,
+    body_msg,
+    config,
+    feed,
+    make_env,
+    response_body,
+    response_headers,
+)
+
+EVENTS = [b'data: {"choices":[{"text":"%d"}]}\n\n' % i for i in range(5)]
+
+
+async def _routed(e: Env, response_mode: int = MODE.FULL_DUPLEX_STREAMED) -> Stream:
+    stream = e.stream()
+    await feed(stream, [headers_msg(HEADERS, config=config(response_mode=response_mode)), body_msg(BODY)])
+    return stream
+
+
+async def test_sse_without_usage_observes_ttft_and_tpot_from_events() -> None:
+    e = make_env()
+    stream = await _routed(e)
+    await stream.on_message(response_headers("text/event-stream"))
+    e.clock.advance(0.2)
+    await stream.on_message(response_body(EVENTS[0]))
+    e.clock.advance(0.4)
+    # The other four events, the last one split across two chunks.
+    rest = b"".join(EVENTS[1:])
+    await stream.on_message(response_body(rest[:-10]))
+    await stream.on_message(response_body(rest[-10:] + b"data: [DONE]\n\n", eos=True))
+    load = e.inflight.load(P2)
+    assert e.inflight.requests(P2) == 0
+    assert load.ttft_s == pytest.approx(0.2)
+    assert load.tpot_s == pytest.approx(0.1)  # 0.4 s over 5 - 1 events
+    assert e.scheduler.infos[-1].completion_tokens is None
+
+
+async def test_sse_usage_split_across_chunks_sets_tpot() -> None:
+    e = make_env()
+    stream = await _routed(e)
+    await stream.on_message(response_headers("text/event-stream"))
+    e.clock.advance(0.1)
+    await stream.on_message(response_body(EVENTS[0]))
+    e.clock.advance(1.0)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":11}}\n\ndata: [DONE]\n\n'
+    await stream.on_message(response_body(usage[:30]))
+    await stream.on_message(response_body(usage[30:], eos=True))
+    assert e.inflight.load(P2).tpot_s == pytest.approx(0.1)  # 1.0 s over 11 - 1 tokens
+    assert e.scheduler.infos[-1].completion_tokens == 11
+
+
+async def test_json_response_is_accounted_but_gives_no_ttft() -> None:
+    e = make_env()
+    stream = await _routed(e)
+    await stream.on_message(response_headers("application/json"))
+    e.clock.advance(3.0)
+    whole = b'{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":2,"completion_tokens":30}}'
+    await stream.on_message(response_body(whole[:20]))
+    await stream.on_message(response_body(whole[20:], eos=True))
+    assert stream.phase is Phase.COMPLETE
+    assert e.inflight.requests(P2) == 0
+    load = e.inflight.load(P2)
+    assert (load.ttft_s, load.tpot_s) == (None, None)
+    info = e.scheduler.infos[-1]
+    assert (info.completion_tokens, info.ttft_s) == (30, None)
+
+
+async def test_stream_end_mid_response_releases() -> None:
+    e = make_env()
+    stream = await _routed(e)
+    await stream.on_message(response_headers("text/event-stream"))
+    await stream.on_message(response_body(EVENTS[0]))
+    assert e.inflight.requests(P2) == 1
+    stream.close()
+    assert e.inflight.requests(P2) == 0
+
+
+async def test_no_response_phases_hold_the_lease_until_the_timeout() -> None:
+    e = make_env(inflight_timeout_s=30.0)
+    stream = await _routed(e, response_mode=MODE.NONE)
+    stream.close()
+    assert e.inflight.requests(P2) == 1  # the request may still be running upstream
+    assert e.director.expire(e.clock() + 29.0) == 0
+    assert e.director.expire(e.clock() + 30.0) == 1
+    assert e.inflight.requests(P2) == 0
