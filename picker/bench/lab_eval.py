@@ -1,8 +1,8 @@
 """``picker bench lab-eval``: picker's default against the baselines over the standard workloads (the lab report).
 
-    picker bench lab-eval --json lab-eval.json --png docs/img/lab-eval.png     # the report (~3-4 minutes)
-    picker bench lab-eval --quick                                              # a small version (tests, ~20 s)
-    picker bench lab-eval --workloads shared-prefix --config candidate.yaml    # a candidate default, alongside
+    picker bench lab-eval --json lab-eval.json --png docs/img/lab-eval.png --markdown lab-eval.md   # ~3 minutes
+    picker bench lab-eval --quick                                                # a small version (tests, ~20 s)
+    picker bench lab-eval --workloads shared-prefix --config candidate.yaml      # a candidate default, alongside
 
 Four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines at a ladder of rates chosen around
 round robin's knee (where its p90 TTFT blows up) and past it; every policy sees the same requests at the same
@@ -76,7 +76,7 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
                 num_groups=32, prompts_per_group=16, system_prompt_len=2048, question_len=64, output_len=64, seed=seed
             ),
             _engine(),
-            rates=(20.0, 40.0, 80.0, 160.0),
+            rates=(20.0, 40.0, 80.0, 160.0, 320.0),
             quick_rates=(40.0,),
             what="32 system prompts of 2048 tokens x 16 questions of 64, answers of ~64 tokens",
         ),
@@ -104,8 +104,8 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
             "multi-lora",
             lambda seed: wl.multi_lora(wl.sharegpt_like(seed=seed), LORA_ADAPTERS, LORA_WEIGHTS, seed=seed),
             _engine(lora_adapters=LORA_ADAPTERS, max_loras=1),
-            rates=(10.0, 20.0, 40.0, 80.0),
-            quick_rates=(20.0,),
+            rates=(5.0, 10.0, 20.0, 40.0),
+            quick_rates=(10.0,),
             what="ShareGPT-shaped lengths over 3 adapters (60/30/10), engines with max_loras 1",
         ),
     )
@@ -237,6 +237,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write every run's summary and the ratios")
     parser.add_argument("--png", type=Path, help="write p90 TTFT against the rate, one panel per workload")
+    parser.add_argument("--markdown", type=Path, help="write the p90 tables and the ratios as Markdown (the docs')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -281,12 +282,16 @@ def run(args: argparse.Namespace) -> int:
                 w.name: {
                     "what": w.what,
                     "rates": list(w.quick_rates if args.quick else w.rates),
-                    "engine": {"preset": "h100-8b", "num_gpu_blocks": w.engine.num_gpu_blocks,
-                               "lora_adapters": list(w.engine.lora_adapters), "max_loras": w.engine.max_loras},
+                    "engine": {
+                        "preset": "h100-8b",
+                        "num_gpu_blocks": w.engine.num_gpu_blocks,
+                        "lora_adapters": list(w.engine.lora_adapters),
+                        "max_loras": w.engine.max_loras,
+                    },
                     "runs": [_run_json(r) for r in results[w.name]],
                 }
                 for w in workloads
-            },  # fmt: skip
+            },
             "ratios": [asdict(r) for r in all_ratios],
         }
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
@@ -294,7 +299,47 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         plot(results, args.png)
         print(f"wrote {args.png}")
+    if args.markdown:
+        args.markdown.write_text(markdown(workloads, results, all_ratios))
+        print(f"wrote {args.markdown}")
     return 0
+
+
+def markdown(workloads: Sequence[EvalWorkload], results: dict[str, list[lab_report.Row]], rs: Sequence[Ratio]) -> str:
+    """Per workload, p90 TTFT by policy and rate (with the throughput in brackets where a policy served less than
+    90 % of the offered rate), then the ratios."""
+    out: list[str] = []
+    for w in workloads:
+        rows = results[w.name]
+        rates = sorted({r.rate for r in rows if r.rate is not None})
+        labels = list(dict.fromkeys(r.label for r in rows))
+        out += [f"**{w.name}** ({w.what}), TTFT p90:", ""]
+        out.append("| policy | " + " | ".join(f"{rate:g} req/s" for rate in rates) + " |")
+        out.append("|---|" + "---|" * len(rates))
+        for label in labels:
+            cells = []
+            for rate in rates:
+                row = next(r for r in rows if r.label == label and r.rate == rate)
+                s = row.summary
+                cell = _fmt_s(s.ttft_s.p90)
+                if s.throughput_rps < 0.9 * rate:  # not keeping up: say how much it served
+                    cell += f" ({s.throughput_rps:.0f}/s)"
+                cells.append(f"**{cell}**" if label == PICKER else cell)
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += ["| workload | req/s | picker p90 | best other (p90) | best / picker | rr / picker | lowest |"]
+    out.append("|---|---|---|---|---|---|---|")
+    for r in rs:
+        out.append(
+            f"| {r.workload} | {r.rate:g} | {_fmt_s(r.picker_p90_s)} | "
+            f"{r.best_baseline} ({_fmt_s(r.best_baseline_p90_s)}) | {r.vs_best:.2f}x | {r.vs_rr:.1f}x | "
+            f"{'yes' if r.lowest else 'no'} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 def _print_ratios(rows: Sequence[Ratio]) -> None:

@@ -31,6 +31,9 @@ class Lease:
     released: bool = field(default=False)
 
 
+_ZERO = EndpointLoad()  # what ``load`` returns for an endpoint never seen; never mutated
+
+
 class InflightTracker:
     def __init__(self) -> None:
         self._loads: dict[str, EndpointLoad] = {}
@@ -71,7 +74,7 @@ class InflightTracker:
 
     def load(self, endpoint_key: str) -> EndpointLoad:
         """The current load (a zero load for an endpoint never seen). Do not mutate the result."""
-        return self._loads.get(endpoint_key) or EndpointLoad()
+        return self._loads.get(endpoint_key) or _ZERO
 
     def requests(self, endpoint_key: str) -> int:
         load = self._loads.get(endpoint_key)

@@ -52,25 +52,42 @@ API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 KIND = "EndpointPickerConfig"
 DEFAULT_PROFILE = "default"
 
-# The reference default (chart default-plugins.yaml). Implied: max-score-picker, single-profile-handler.
+# picker's built-in default, chosen in the policy lab (docs/scheduling.md has the candidates and their numbers;
+# ``picker bench lab-eval`` regenerates them). Against the reference default (queue 2, KV cache 2, prefix 3; kept
+# as ``picker.bench.policies.REFERENCE_CONFIG_TEXT`` and in the Helm chart):
+# * prefix-cache-scorer scores matched *tokens* (saturating at 2048), not the matched share of the prompt, so a
+#   short prompt matched whole no longer outweighs a long shared prefix (GIE #2561); and ``coldSpread`` sends a
+#   prompt that no server holds to the server picker has placed the least content on (SGLang's smallest tree),
+#   which spreads new prefixes, and short unrelated prompts, evenly;
+# * token-load-scorer replaces the queue and KV scorers: picker's exact in-flight tokens plus this request's
+#   uncached prefill on each server, on a 32k-token scale. The scraped queue reads 0 until a server saturates
+#   and is up to a scrape interval stale, so the reference piled multi-turn sessions onto a few servers;
+# * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
+#   same, so it changes nothing).
+# Implied: max-score-picker, single-profile-handler.
 DEFAULT_CONFIG_TEXT = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
+  parameters:
+    scoreMode: tokens
+    coldSpread: 1.0
+- type: token-load-scorer
+  parameters:
+    queueThresholdTokens: 32768
+- type: lora-affinity-scorer
 - type: metrics-data-source
 - type: core-metrics-extractor
 schedulingProfiles:
 - name: default
   plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
   - pluginRef: prefix-cache-scorer
     weight: 3
+  - pluginRef: token-load-scorer
+    weight: 2
+  - pluginRef: lora-affinity-scorer
+    weight: 1
 dataLayer:
   sources:
   - pluginRef: metrics-data-source

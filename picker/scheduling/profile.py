@@ -31,7 +31,7 @@ from picker.scheduling.framework import (
     Scores,
 )
 from picker.scheduling.isolation import Dropped, GuardedFilter, GuardedPicker, GuardedScorer
-from picker.scheduling.scores import ScoreVector
+from picker.scheduling.scores import KeyedScores, ScoreVector
 
 __all__ = ["Profile", "ProfileOutcome", "RankedPicker", "WeightedScorer"]
 
@@ -129,7 +129,7 @@ class Profile:
             clamped = [(v if v <= 1.0 else 1.0) if v > 0.0 else 0.0 for v in values]
             weight = ws.weight
             totals = [t + weight * c for t, c in zip(totals, clamped, strict=True)]
-            scores[scorer.name] = dict(zip(keys, clamped, strict=True))
+            scores[scorer.name] = KeyedScores(keys, clamped)
 
         picker = self.picker
         t0 = perf_counter()
@@ -167,7 +167,7 @@ class Profile:
             candidates=tuple(keys),
             scores=scores,
             weights=self._weights,
-            totals=dict(zip(keys, totals, strict=False)),
+            totals=KeyedScores(keys, totals) if len(totals) == len(keys) else {},
             result=result,
             filtered=filtered,
             dropped=dropped,

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from picker.endpoints.model import Endpoint
 
-__all__ = ["ScoreVector"]
+__all__ = ["KeyedScores", "ScoreVector"]
 
 
 class ScoreVector(Mapping[Endpoint, float]):
@@ -55,3 +55,33 @@ class ScoreVector(Mapping[Endpoint, float]):
 
     def as_dict(self) -> Mapping[str, float]:
         return dict(zip((e.key for e in self.endpoints), self.scores, strict=True))
+
+
+class KeyedScores(Mapping[str, float]):
+    """Endpoint key → score, over two parallel lists, indexed only when read.
+
+    A scheduling cycle records every scorer's scores for the explanation, but the explanation is read only at
+    debug level or with the explain header; building a dict per scorer per cycle cost O(endpoints) each time.
+    """
+
+    __slots__ = ("_index", "_keys", "_values")
+
+    def __init__(self, keys: Sequence[str], values: Sequence[float]) -> None:
+        self._keys = keys
+        self._values = values
+        self._index: dict[str, int] | None = None
+
+    def __getitem__(self, key: str) -> float:
+        index = self._index
+        if index is None:
+            index = self._index = {k: i for i, k in enumerate(self._keys)}
+        return self._values[index[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return repr(dict(zip(self._keys, self._values, strict=True)))

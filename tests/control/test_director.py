@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from picker import errors
+from picker.bench.policies import REFERENCE_CONFIG_TEXT
 from picker.control.director import DEFAULT_OUTPUT_TOKENS, MAX_EXPECTED_OUTPUT_TOKENS, Director, expected_tokens
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint
@@ -51,7 +52,8 @@ def make(
     )
     inflight = InflightTracker()
     ctx = PluginContext(clock=clock, inflight=inflight)
-    scheduler = Recording(load_config(None, ctx), ctx)
+    # The reference default: these tests expect its queue / KV scoring (endpoint 2 has the shortest queue).
+    scheduler = Recording(load_config(REFERENCE_CONFIG_TEXT, ctx), ctx)
     director = Director(
         store=store,
         scheduler=scheduler,

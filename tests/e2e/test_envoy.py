@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from picker.bench import envoy as envoy_config
+from picker.bench.policies import REFERENCE_CONFIG_TEXT
 from tests.e2e.backends import STREAM_WORDS, Backend
 from tests.e2e.procs import free_port, run_envoy, run_picker
 
@@ -51,6 +52,10 @@ async def stack(
         str(metrics_port),
         "--refresh-metrics-interval",
         "50ms",
+        # The reference default's queue / KV scoring: these tests route by the backends' scraped queues, which
+        # picker's built-in default (token load from its own accounting, docs/scheduling.md) does not read.
+        "--config-text",
+        REFERENCE_CONFIG_TEXT,
     ]
     config = envoy_config.render(
         listen_port=listen_port,

@@ -10,6 +10,7 @@ import pytest
 from picker import errors
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, SchedulerConfig, load_config, load_config_file
 from picker.scheduling.plugins import datalayer, saturation
+from picker.scheduling.plugins.prefix import PrefixCacheScorer
 from picker.scheduling.spec import ConfiguredPlugin
 from tests.scheduling.helpers import HEAD, INTEGRATION, ctx
 
@@ -135,10 +136,15 @@ def _load(text: str) -> SchedulerConfig:
 # -- reference configurations -------------------------------------------------------------------------------
 
 
-def test_builtin_default_is_the_reference_default() -> None:
+def test_builtin_default_is_the_lab_choice() -> None:
+    # picker's default (chosen in the policy lab, docs/scheduling.md): token-scored prefix affinity, token load,
+    # LoRA affinity; the reference default stays loadable as plain config text (next test).
     config = load_config(None, ctx())
     assert list(config.profiles) == ["default"]
-    assert _weights(config) == {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0}
+    assert _weights(config) == {"prefix-cache-scorer": 3.0, "token-load-scorer": 2.0, "lora-affinity-scorer": 1.0}
+    prefix_scorer = config.plugins["prefix-cache-scorer"]
+    assert isinstance(prefix_scorer, PrefixCacheScorer)
+    assert (prefix_scorer.params.score_mode, prefix_scorer.params.cold_spread) == ("tokens", 1.0)
     profile = config.profiles["default"]
     assert profile.picker.type == "max-score-picker"
     assert profile.filters == ()
@@ -152,6 +158,17 @@ def test_builtin_default_is_the_reference_default() -> None:
     assert isinstance(source, ConfiguredPlugin)
     assert source.kind == "data-source"
     assert source.params == datalayer.MetricsSourceParams()
+
+
+def test_reference_default_still_loads() -> None:
+    reference = DEFAULT_CONFIG_TEXT.split("plugins:")[0] + (
+        "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n- type: prefix-cache-scorer\n"
+        "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n    weight: 2\n"
+        "  - pluginRef: kv-cache-utilization-scorer\n    weight: 2\n  - pluginRef: prefix-cache-scorer\n    weight: 3\n"
+    )
+    assert _weights(_load(reference)) == {
+        "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0
+    }  # fmt: skip
 
 
 def test_default_text_loads_the_same() -> None:

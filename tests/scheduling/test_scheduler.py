@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from picker import errors
+from picker.bench.policies import REFERENCE_CONFIG_TEXT
 from picker.endpoints.model import Endpoint, EndpointSnapshot
 from picker.request.model import InferenceRequest
 from picker.request.subset import filter_candidates, parse_subset
@@ -36,9 +37,11 @@ def _integration() -> Scheduler:
     return Scheduler(load_config(INTEGRATION, c), c)
 
 
-def _default() -> Scheduler:
+# These tests pin the reference default's behaviour (queue 2, KV cache 2, prefix 3), which is no longer
+# picker's built-in default (docs/scheduling.md), so they load it explicitly.
+def _reference() -> Scheduler:
     c = ctx()
-    return Scheduler(load_config(None, c), c)
+    return Scheduler(load_config(REFERENCE_CONFIG_TEXT, c), c)
 
 
 # -- reference integration cases 1-4 and 9 (protocol.md §14) ------------------------------------------------
@@ -122,7 +125,7 @@ def test_explain_has_every_scorer_score_per_endpoint() -> None:
 
 def test_weights_multiply_clamped_scores() -> None:
     eps = [endpoint(1, waiting=0, kv=0.5), endpoint(2, waiting=4, kv=0.0)]
-    result = _default().schedule(request(prompt="hi"), eps)
+    result = _reference().schedule(request(prompt="hi"), eps)
     totals = result.runs[0].totals
     assert totals[eps[0].key] == pytest.approx(2 * 1.0 + 2 * 0.5 + 3 * 0.0)
     assert totals[eps[1].key] == pytest.approx(2 * 0.0 + 2 * 1.0)
@@ -170,7 +173,7 @@ def test_fallbacks_follow_the_primary() -> None:
 
 
 def test_prefix_learning_makes_the_same_prompt_sticky() -> None:
-    scheduler = _default()
+    scheduler = _reference()
     eps = [endpoint(i) for i in range(1, 9)]  # identical loads: only the prefix can decide
     req = request(prompt="You are a careful assistant. " * 20)
     first = scheduler.schedule(req, eps)
@@ -182,7 +185,7 @@ def test_prefix_learning_makes_the_same_prompt_sticky() -> None:
 
 
 def test_pre_request_returns_timings() -> None:
-    scheduler = _default()
+    scheduler = _reference()
     req = request(prompt="x" * 200)
     result = scheduler.schedule(req, [endpoint(1)])
     timings = scheduler.pre_request(req, result)
@@ -190,7 +193,7 @@ def test_pre_request_returns_timings() -> None:
 
 
 def test_on_snapshot_purges_departed_endpoints_only_on_membership_change() -> None:
-    scheduler = _default()
+    scheduler = _reference()
     prefix = scheduler.config.plugins["prefix-cache-scorer"]
     req = request(prompt="x" * 200)
     one, two = endpoint(1), endpoint(2)

@@ -1,0 +1,53 @@
+"""``picker bench lab-eval --quick``: every policy on every standard workload, the ratios, JSON and PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from picker.bench import lab_eval
+from picker.bench.lab_eval import BASELINE_POLICIES, EVAL_WORKLOADS, PICKER
+from picker.cli import main
+
+
+def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "eval.json", tmp_path / "eval.png"
+    assert main(["bench", "lab-eval", "--quick", "--json", str(out), "--png", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "vs the best other policy" in text
+    doc = orjson.loads(out.read_bytes())
+    assert set(doc["workloads"]) == set(EVAL_WORKLOADS) == {"shared-prefix", "multi-turn", "short-long", "multi-lora"}
+    for name, w in doc["workloads"].items():
+        got = {(r["policy"], r["rate"]) for r in w["runs"]}
+        assert got == {(p, rate) for p in (*BASELINE_POLICIES, PICKER) for rate in EVAL_WORKLOADS[name].quick_rates}
+        for r in w["runs"]:
+            assert r["ok"] + r["failed"] == doc["eval"]["requests"]
+            assert r["ttft_s"]["p90"] > 0
+    assert {r["workload"] for r in doc["ratios"]} == set(EVAL_WORKLOADS)
+    assert png.stat().st_size > 10_000
+
+    # On shared prefixes picker's default keeps each group where it is cached; round robin thrashes every cache.
+    shared = next(r for r in doc["ratios"] if r["workload"] == "shared-prefix")
+    print(f"shared-prefix at {shared['rate']:g} req/s: round robin p90 / picker p90 = {shared['vs_rr']:.1f}x")
+    assert shared["picker_p90_s"] < shared["rr_p90_s"]
+    assert shared["vs_rr"] == pytest.approx(shared["rr_p90_s"] / shared["picker_p90_s"])
+
+
+def test_ratios_pick_the_best_other_policy_per_rate() -> None:
+    rows = lab_eval.evaluate(
+        [EVAL_WORKLOADS["shared-prefix"]], ["rr", "reference", PICKER], requests=60, quick=True, log=lambda _: None
+    )["shared-prefix"]
+    [ratio] = lab_eval.ratios("shared-prefix", rows)
+    p90 = {r.label: r.summary.ttft_s.p90 for r in rows}
+    best = min(("rr", "reference"), key=p90.__getitem__)
+    assert ratio.best_baseline == best
+    assert ratio.best_baseline_p90_s == p90[best]
+    assert ratio.vs_best == pytest.approx(p90[best] / p90[PICKER])
+    assert ratio.lowest == (p90[PICKER] <= p90[best])
+
+
+def test_unknown_workload_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "lab-eval", "--workloads", "nope"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
