@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = ["EndpointLoad", "InflightTracker", "Lease"]
 
 _EWMA_ALPHA = 0.2
+
+
+class HasKey(Protocol):
+    @property
+    def key(self) -> str: ...
 
 
 @dataclass(slots=True)
@@ -83,6 +89,11 @@ class InflightTracker:
     def tokens(self, endpoint_key: str) -> int:
         load = self._loads.get(endpoint_key)
         return load.tokens if load else 0
+
+    def tokens_of(self, endpoints: Iterable[HasKey]) -> list[int]:
+        """In-flight tokens of each endpoint, in order (the hot loop of load scorers)."""
+        loads = self._loads
+        return [load.tokens if (load := loads.get(e.key)) is not None else 0 for e in endpoints]
 
     def forget_except(self, keys: Iterable[str]) -> None:
         """Drop state of endpoints that left the pool."""

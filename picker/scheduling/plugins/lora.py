@@ -49,7 +49,7 @@ class LoraAffinityScorer:
             m = e.metrics
             if adapter in m.running_loras:
                 scores.append(ACTIVE)
-            elif len(m.running_loras | m.waiting_loras) < m.max_loras:
+            elif m.max_loras and len(m.running_loras | m.waiting_loras) < m.max_loras:  # no set union unless needed
                 scores.append(HAS_CAPACITY)
             elif adapter in m.waiting_loras:
                 scores.append(WAITING)

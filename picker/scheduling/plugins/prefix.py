@@ -126,6 +126,16 @@ class PrefixMatch(NamedTuple):
     def matched_tokens(self, key: str) -> float:
         return self.prompt_tokens * self.matched_fraction(key)
 
+    def uncached_fractions(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """1 - matched fraction for each endpoint, in order: the per-endpoint loop of load scorers, inlined."""
+        blocks = self.blocks
+        if not blocks or self.prompt_chars <= 0:
+            return [1.0] * len(endpoints)
+        per_block = self.block_chars / self.prompt_chars
+        get = blocks.get
+        # Most candidates hold none of the request's blocks: one dict lookup, no arithmetic.
+        return [(1.0 - f if (f := n * per_block) < 1.0 else 0.0) if (n := get(e.key)) else 1.0 for e in endpoints]
+
     def uncached_tokens(self, key: str) -> float:
         return self.prompt_tokens - self.matched_tokens(key)
 
@@ -169,8 +179,8 @@ class PrefixCacheScorer:
             total = match.total_blocks
             scores = [counts.get(e.key, 0) / total for e in endpoints]
         else:
-            saturation = float(params.saturation_tokens)
-            scores = [min(1.0, match.matched_tokens(e.key) / saturation) for e in endpoints]
+            scale = match.prompt_tokens / float(params.saturation_tokens)
+            scores = [(x if (x := scale * (1.0 - u)) < 1.0 else 1.0) for u in match.uncached_fractions(endpoints)]
         if params.max_load_factor > 0.0:
             self._cap_hot(endpoints, scores)
         return ScoreVector(endpoints, scores)

@@ -44,16 +44,15 @@ class TokenLoadScorer:
         self._ctx = ctx
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
-        load = self._ctx.load
         threshold = self._threshold
         match = cycle.get(MATCH_STATE)
         prompt = float(req.prompt_tokens)
-        scores: list[float] = []
-        for e in endpoints:
-            own = prompt * (1.0 - match.matched_fraction(e.key)) if isinstance(match, PrefixMatch) else prompt
-            tokens = load(e).tokens + own
-            scores.append(1.0 if tokens <= 0 else 1.0 - min(tokens, threshold) / threshold)
-        return ScoreVector(endpoints, scores)
+        in_flight = self._ctx.inflight.tokens_of(endpoints)
+        if isinstance(match, PrefixMatch):
+            loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]
+        else:
+            loads = [t + prompt for t in in_flight]
+        return ScoreVector(endpoints, [1.0 if x <= 0 else 1.0 - min(x, threshold) / threshold for x in loads])
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
