@@ -10,6 +10,7 @@ __all__ = ["BENCHMARKS", "configure", "run"]
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "overhead": ("picker.bench.overhead", "picker vs a do-nothing ext_proc server over real gRPC"),
+    "schedule": ("picker.bench.schedule", "one scheduling cycle in process, by endpoint count and prompt size"),
     "scrape-parse": ("picker.bench.scrape_parse", "metrics page parser vs prometheus_client"),
     "lab": ("picker.bench.lab_cli", "policy lab: routing policies against simulated engines in virtual time"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),

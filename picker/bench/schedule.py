@@ -1,0 +1,97 @@
+"""``picker bench schedule``: the in-process cost of one scheduling cycle, without gRPC.
+
+Runs the production ``Scheduler`` (picker's default configuration, or ``--config FILE``) on parsed requests
+against N endpoints with varied scraped metrics, including ``pre_request`` (the prefix index learning the pick), and
+prints µs per cycle (median of ``--repeat`` timings). The part of picker's per-request cost that grows with the
+endpoint count and the prompt length; ``picker bench overhead`` measures the whole request over real gRPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+import orjson
+
+from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.model import Endpoint, EndpointMetrics
+from picker.request.parse import parse_request
+from picker.scheduling.config import load_config
+from picker.scheduling.framework import PluginContext
+from picker.scheduling.scheduler import Scheduler
+
+__all__ = ["configure", "run"]
+
+_WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "model",
+    "token",
+    "cache",
+    "prefix",
+]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoints", default="16,256", help="endpoint counts (comma list)")
+    parser.add_argument("--sizes", default="4096,225280", help="prompt sizes in bytes (comma list)")
+    parser.add_argument("--cycles", type=int, default=2000, help="cycles per timing")
+    parser.add_argument("--repeat", type=int, default=5, help="timings per configuration (the median is shown)")
+    parser.add_argument("--config", default=None, help="EndpointPickerConfig file (default: picker's default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config_text = Path(args.config).read_text() if args.config else None
+    print(f"{'endpoints':>10}{'prompt':>10}{'us/cycle':>10}")
+    for count in (int(x) for x in args.endpoints.split(",")):
+        for size in (int(x) for x in args.sizes.split(",")):
+            print(f"{count:>10}{size // 1024:>7} KiB{_measure(count, size, config_text, args):>10.1f}")
+    return 0
+
+
+def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
+    ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0))
+    scheduler = Scheduler(load_config(config_text, ctx), ctx)
+    now = time.monotonic()
+    endpoints = [
+        Endpoint(
+            key=f"10.{i // 250}.{i % 250}.1:8000",
+            address=f"10.{i // 250}.{i % 250}.1",
+            port=8000,
+            metrics=EndpointMetrics(waiting=i % 7, running=i % 5, kv_usage=(i % 10) / 10, updated_at=now),
+        )
+        for i in range(count)
+    ]
+    rng = random.Random(size)
+    requests = []
+    for _ in range(32):
+        words: list[str] = []
+        while sum(len(w) + 1 for w in words) < size - 80:
+            words.extend(rng.choice(_WORDS) for _ in range(64))
+        body = orjson.dumps({"model": "m", "prompt": " ".join(words), "max_tokens": 64})
+        requests.append(parse_request({":path": "/v1/completions"}, body))
+
+    def cycles(n: int) -> None:
+        for i in range(n):
+            req = requests[i % len(requests)]
+            scheduler.pre_request(req, scheduler.schedule(req, endpoints))
+
+    cycles(200)  # warm the prefix index
+    timings = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        cycles(args.cycles)
+        timings.append((time.perf_counter() - started) / args.cycles * 1e6)
+    return float(statistics.median(timings))
