@@ -29,6 +29,17 @@ class ScoreVector(Mapping[Endpoint, float]):
     def constant(cls, endpoints: Sequence[Endpoint], value: float) -> ScoreVector:
         return cls(endpoints, [value] * len(endpoints))
 
+    @classmethod
+    def fewer_is_better(cls, endpoints: Sequence[Endpoint], values: Sequence[float]) -> ScoreVector:
+        """Min-max over the candidates, lowest value 1.0 and highest 0.0; all equal (or none) ⇒ 1.0."""
+        if not values:
+            return cls(endpoints, [])
+        low, high = min(values), max(values)
+        if high == low:
+            return cls.constant(endpoints, 1.0)
+        span = high - low
+        return cls(endpoints, [(high - v) / span for v in values])
+
     def __getitem__(self, endpoint: Endpoint) -> float:
         index = self._index
         if index is None:

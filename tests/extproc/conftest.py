@@ -11,24 +11,10 @@ from picker.endpoints.model import Endpoint
 from picker.endpoints.store import EndpointStore
 from picker.settings import ServerSettings, Settings
 from picker.telemetry import REGISTRY
+from tests.scheduling.helpers import INTEGRATION
 
 # The reference integration tests' scheduler: queue, KV, prefix and LoRA scorers, weight 1 each.
-REFERENCE_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: lora-affinity-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-  - pluginRef: kv-cache-utilization-scorer
-  - pluginRef: prefix-cache-scorer
-  - pluginRef: lora-affinity-scorer
-"""
+REFERENCE_CONFIG = INTEGRATION
 
 
 def make_store(endpoints: Iterable[Endpoint], *, synced: bool = True) -> EndpointStore:

@@ -8,14 +8,12 @@ list. Parameters: ``maxNumOfEndpoints`` ≥ 1.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from pydantic import Field
-
-from picker.plugins import CycleState, Endpoint, PluginContext, PluginParams, ProfileResult, ScoredEndpoint
+from picker.plugins import CycleState, Endpoint, PluginContext, ProfileResult
 from picker.scheduling.framework import Picker
+from picker.scheduling.pickers import CountingParams, CountingPicker
 from picker.scheduling.spec import PluginSpec
 
 __all__ = ["SPEC", "TYPE", "MaxScorePicker", "Params", "create"]
@@ -23,21 +21,13 @@ __all__ = ["SPEC", "TYPE", "MaxScorePicker", "Params", "create"]
 TYPE = "max-score-picker"
 
 
-class Params(PluginParams):
-    max_num_of_endpoints: int = Field(default=1, ge=1)
+class Params(CountingParams):
+    """``maxNumOfEndpoints`` (default 1): the primary plus fallbacks."""
 
 
-class MaxScorePicker:
+class MaxScorePicker(CountingPicker):
     type: ClassVar[str] = TYPE
-    __slots__ = ("_count", "_rng", "name")
-
-    def __init__(self, name: str, max_num_of_endpoints: int = 1, rng: random.Random | None = None) -> None:
-        self.name = name
-        self._count = max_num_of_endpoints
-        self._rng = rng or random.Random()
-
-    def pick(self, scored: Sequence[ScoredEndpoint], cycle: CycleState) -> ProfileResult:
-        return self.pick_ranked([s.endpoint for s in scored], [s.score for s in scored], cycle)
+    __slots__ = ()
 
     def pick_ranked(self, endpoints: Sequence[Endpoint], totals: Sequence[float], cycle: CycleState) -> ProfileResult:
         """``pick`` over parallel sequences (the profile's fast path: no ScoredEndpoint per endpoint)."""

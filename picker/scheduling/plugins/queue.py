@@ -33,14 +33,7 @@ class QueueScorer:
         self.name = name
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
-        queues = [e.metrics.waiting for e in endpoints]
-        if not queues:
-            return ScoreVector(endpoints, [])
-        low, high = min(queues), max(queues)
-        if high == low:
-            return ScoreVector.constant(endpoints, 1.0)
-        span = high - low
-        return ScoreVector(endpoints, [(high - q) / span for q in queues])
+        return ScoreVector.fewer_is_better(endpoints, [e.metrics.waiting for e in endpoints])
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:

@@ -33,14 +33,7 @@ class RunningRequestsScorer:
         self.name = name
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
-        counts = [e.metrics.running for e in endpoints]
-        if not counts:
-            return ScoreVector(endpoints, [])
-        low, high = min(counts), max(counts)
-        if high == low:
-            return ScoreVector.constant(endpoints, 1.0)
-        span = high - low
-        return ScoreVector(endpoints, [(high - r) / span for r in counts])
+        return ScoreVector.fewer_is_better(endpoints, [e.metrics.running for e in endpoints])
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
