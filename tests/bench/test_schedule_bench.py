@@ -8,7 +8,9 @@ from picker import cli
 
 
 def test_schedule_bench_prints_a_row_per_configuration(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["bench", "schedule", "--endpoints", "4,8", "--sizes", "512", "--cycles", "20", "--repeat", "1"]) == 0
+    assert (
+        cli.main(["bench", "schedule", "--endpoints", "4,8", "--sizes", "512", "--cycles", "20", "--repeat", "1"]) == 0
+    )
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[0], r[1]) for r in rows] == [("4", "0"), ("8", "0")]
     assert all(float(r[3]) > 0 for r in rows)
