@@ -25,7 +25,7 @@ import heapq
 import itertools
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -69,6 +69,8 @@ class SchedulerLike(Protocol):
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> Sequence[PluginTiming]: ...
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> Sequence[PluginTiming]: ...
+
+    def response_headers(self, endpoint: Endpoint) -> Mapping[str, str]: ...
 
 
 class Resolver(Protocol):
@@ -221,6 +223,16 @@ class Director:
         accounting.failed(err, req)
 
     # -- response path -----------------------------------------------------------------------------------
+
+    def response_headers(self, routed: Routed, served_key: str | None = None) -> Mapping[str, str]:
+        """Headers plugins set on the client's response (e.g. ``x-session-token``), for the endpoint that served
+        the request: the gateway's served-endpoint metadata when it sent it, else the primary target."""
+        endpoint = next((e for e in routed.targets if e.key == served_key), None) if served_key else None
+        if endpoint is None:
+            if not routed.targets:
+                return {}
+            endpoint = routed.targets[0]
+        return self.scheduler.response_headers(endpoint)
 
     def first_byte(self, routed: Routed, *, token: bool = True) -> None:
         """The first response body bytes arrived: prefill is done.

@@ -92,6 +92,13 @@ def request_body_routed(
     return lb_metadata(response, destination)
 
 
+def response_headers_set(set_headers: Headers) -> pb.ProcessingResponse:
+    """The answer to the response-headers phase when plugins add headers to the client's response."""
+    response = pb.ProcessingResponse()
+    _mutate(response.response_headers.response.header_mutation, set_headers, ())
+    return response
+
+
 def body_replaced(body: bytes, *, response: bool, content_length: bool = False) -> pb.ProcessingResponse:
     """A BodyResponse replacing the whole (buffered) or this chunk's (streamed) body.
 

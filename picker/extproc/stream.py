@@ -332,8 +332,12 @@ class Stream:
         if self.phase is not Phase.ROUTED:
             return self._violation("response headers out of order")
         self._start_response().headers(h)
+        assert self.routed is not None
+        extra = self.env.director.response_headers(self.routed, self._served)
         if h.end_of_stream:
             self._complete()
+        if extra:
+            return (responses.response_headers_set(tuple(extra.items())),)
         return (responses.EMPTY_RESPONSE_HEADERS,)
 
     def _start_response(self) -> ResponsePath:

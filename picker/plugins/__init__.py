@@ -54,6 +54,7 @@ from picker.plugins.results import (
     PostResponse,
     PreRequest,
     ProfileRun,
+    ResponseHeaders,
     ResponseInfo,
     SchedulingResult,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "PreRequest",
     "ProfileResult",
     "ProfileRun",
+    "ResponseHeaders",
     "ResponseInfo",
     "SchedulingResult",
     "ScoredEndpoint",

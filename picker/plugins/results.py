@@ -22,6 +22,7 @@ __all__ = [
     "PostResponse",
     "PreRequest",
     "ProfileRun",
+    "ResponseHeaders",
     "ResponseInfo",
     "SchedulingResult",
 ]
@@ -120,3 +121,12 @@ class PostResponse(Protocol):
     """Optional hook: called when the response completes (or its in-flight lease times out)."""
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None: ...
+
+
+@runtime_checkable
+class ResponseHeaders(Protocol):
+    """Optional hook: headers to set on the response to the client, once ``endpoint`` is serving the request
+    (e.g. session affinity's ``x-session-token``). Needs a gateway that sends response headers to picker."""
+
+    def response_headers(self, endpoint: Endpoint) -> Mapping[str, str]: ...
+

@@ -25,6 +25,7 @@ from picker.plugins.results import (
     PostResponse,
     PreRequest,
     ProfileRun,
+    ResponseHeaders,
     ResponseInfo,
     SchedulingResult,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ProfileHandler",
     "ProfileResult",
     "ProfileRun",
+    "ResponseHeaders",
     "ResponseInfo",
     "SchedulingResult",
     "ScoredEndpoint",

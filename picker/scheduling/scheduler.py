@@ -10,9 +10,10 @@ under a guard of their own (``isolation``): a failure is counted and logged once
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import cast
 
 import orjson
 
@@ -29,6 +30,7 @@ from picker.scheduling.framework import (
     PreRequest,
     ProfileResult,
     ProfileRun,
+    ResponseHeaders,
     ResponseInfo,
     SchedulingResult,
 )
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 NO_CANDIDATES = "failed to find endpoint candidates for serving the request"
 PROFILE_PICKER, PROCESS_RESULTS = "ProfilePicker", "ProcessProfilesResults"
 PRE_REQUEST, RESPONSE_COMPLETE = "PreRequest", "ResponseComplete"
+RESPONSE_HEADERS = "ResponseHeaders"
 # A handler that keeps naming new profiles is a bug; stop rather than loop forever.
 _MAX_ROUNDS = 16
 ENDPOINTS_CHANGED = "EndpointsChanged"  # for log messages only: the reference times no such point
@@ -91,6 +94,7 @@ class Scheduler:
         self._pre_request = _hooks(plugins, PreRequest, "pre_request", PRE_REQUEST)
         self._post_response = _hooks(plugins, PostResponse, "post_response", RESPONSE_COMPLETE)
         self._endpoint_watchers = _hooks(plugins, EndpointsChanged, "endpoints_changed", ENDPOINTS_CHANGED)
+        self._response_headers = _hooks(plugins, ResponseHeaders, "response_headers", RESPONSE_HEADERS)
         self._known_keys: frozenset[str] | None = None
 
     def schedule(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult:
@@ -181,6 +185,29 @@ class Scheduler:
                     log.exception("PostResponse plugin %s failed for request %s", hook.label, req.request_id)
             timings.append(PluginTiming(RESPONSE_COMPLETE, hook.plugin_type, hook.plugin_name, perf_counter() - t0))
         return tuple(timings)
+
+    def response_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        """Headers ResponseHeaders plugins want on the response once ``endpoint`` serves it (usually none).
+
+        A failing plugin contributes nothing; values must be strings."""
+        out: dict[str, str] = {}
+        for hook in self._response_headers:
+            call = cast(Callable[[Endpoint], object], hook.call)
+            got: object
+            if hook.guard is not None:
+                got = hook.guard.call(call, endpoint)
+                if isinstance(got, Dropped):
+                    continue
+                hook.guard.ok()
+            else:
+                try:
+                    got = call(endpoint)
+                except Exception:
+                    log.exception("ResponseHeaders plugin %s failed", hook.label)
+                    continue
+            if isinstance(got, Mapping):
+                out.update((str(k).lower(), v) for k, v in got.items() if isinstance(v, str))
+        return out
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         """The pool is now ``keys``: plugins forget state of endpoints that left."""

@@ -269,3 +269,48 @@ async def test_serve_routes_with_the_installed_plugin(served: tuple[str, int, di
     scorer = (("extension_point", "Scorer"), ("plugin_name", "label-affinity-scorer"))
     timed = ("inference_extension_plugin_duration_seconds_count", (*scorer, ("plugin_type", "label-affinity-scorer")))
     assert samples[timed] == 5.0
+
+
+# -- the example in the policy lab -------------------------------------------------------------------------------
+
+LAB_CONFIG = (
+    HEAD
+    + """\
+plugins:
+- type: prefix-cache-scorer
+  parameters: {scoreMode: tokens, coldSpread: 1.0}
+- type: token-load-scorer
+  parameters: {queueThresholdTokens: 32768}
+- type: picker_label_affinity:TpotTrendScorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: token-load-scorer
+    weight: 2
+  - pluginRef: picker_label_affinity:TpotTrendScorer
+    weight: 1
+"""
+)
+
+
+@pytest.mark.usefixtures("example_on_path")
+def test_example_scorer_runs_in_the_policy_lab_with_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What docs/plugins.md tells an author to do before deploying: measure the idea against the default."""
+    from picker import cli
+
+    cfg = tmp_path / "with-tpot-trend.yaml"
+    cfg.write_text(LAB_CONFIG)
+    out = tmp_path / "lab.json"
+    argv = ["bench", "lab", "--workload", "shared-prefix", "--engines", "4", "--rate", "10", "--requests", "150"]
+    assert cli.main([*argv, "--policies", "rr,picker", "--config", str(cfg), "--seed", "3", "--json", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert f"config:{cfg}" in report
+    doc = json.loads(out.read_text())
+    assert doc["lab"]["policies"] == ["rr", "picker", f"config:{cfg}"]
+    runs = {run["label"]: run for run in doc["runs"]}
+    assert set(runs) == {"rr", "picker", f"config:{cfg}"}  # the user plugin's configuration ran beside the others
+    assert f"config:{cfg}" in report  # and is in the printed table

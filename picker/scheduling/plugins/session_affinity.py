@@ -8,8 +8,9 @@ carry their namespace, and a pool lives in one namespace), or it equals the endp
 
 Response side: when the response ends, the EPP tells the client where the session now lives by setting the
 response header ``x-session-token`` to ``session_token(served endpoint)`` (a header, not a cookie).
-``response_headers(endpoint)`` returns that header; the ext_proc response path applies it (see
-``picker.extproc.response_path``: a header mutation on the response-headers answer).
+``response_headers(endpoint)`` (the ``ResponseHeaders`` hook) returns that header; picker sets it with a header
+mutation on its answer to the response-headers phase, for the endpoint the gateway reports as served (else the
+primary target). A gateway that sends picker no response phases (NGINX Gateway Fabric) cannot carry it.
 
 Parameters: ``namespace`` "" (picker's: the namespace written into tokens this EPP issues; the reference uses the
 pod's namespace).
