@@ -168,7 +168,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=parse_duration,
         default=srv.inflight_timeout_s,
         metavar="DURATION",
-        help="release an in-flight count after this when the gateway reports no response",
+        help="gateways that report no response: release its in-flight count after its expected duration, at most this",
     )
     add(
         "--grace-period",

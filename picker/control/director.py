@@ -15,7 +15,10 @@ Nothing here knows protobuf or gRPC; the ext_proc stream calls these methods and
 ``PickerError``s into messages. Time comes from the injected clock.
 
 Leases of requests whose gateway never reports the response (NGINX Gateway Fabric, Envoy with response
-phases off) are *held* and released by ``expire`` once ``inflight_timeout_s`` has passed since routing.
+phases off) are *held* and released by ``expire`` after the request's expected duration (``expected_duration_s``:
+a fixed allowance for queueing and prefill plus its expected output tokens at the endpoint's observed TPOT, or
+``DEFAULT_TPOT_S``), at most ``inflight_timeout_s``. Holding every such lease for the whole timeout would count
+minutes of finished requests as in-flight load, which saturates the token-load scorer of the default config.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from picker.settings import ServerSettings
 
 __all__ = [
     "DEFAULT_OUTPUT_TOKENS",
+    "DEFAULT_TPOT_S",
+    "HOLD_OVERHEAD_S",
     "MAX_EXPECTED_OUTPUT_TOKENS",
     "Admitter",
     "Director",
@@ -59,6 +64,8 @@ NO_PODS = "no pods available in datastore"
 # Expected output when a request names no max_tokens; max_tokens itself is an upper bound, so it is capped.
 DEFAULT_OUTPUT_TOKENS = 256
 MAX_EXPECTED_OUTPUT_TOKENS = 8192
+HOLD_OVERHEAD_S = 2.0  # queueing + prefill allowance of a request whose end picker never sees
+DEFAULT_TPOT_S = 0.05  # per output token, when the endpoint's TPOT was never observed
 
 
 class SchedulerLike(Protocol):
@@ -305,10 +312,12 @@ class Director:
         self._post_response(routed, ResponseInfo(endpoint_key=key, duration_s=self.clock() - routed.received_at))
 
     def hold(self, routed: Routed) -> None:
-        """No response phase will come: keep the lease until ``inflight_timeout_s`` after routing."""
+        """No response phase will come: keep the lease for the request's expected duration (≤ the timeout)."""
         if routed.finished:
             return
-        deadline = routed.routed_at + self.settings.inflight_timeout_s
+        key = routed.lease.endpoint_key if routed.lease else (routed.targets[0].key if routed.targets else "")
+        hold_s = min(self.settings.inflight_timeout_s, expected_duration_s(routed.req, self.inflight.load(key).tpot_s))
+        deadline = routed.routed_at + hold_s
         heapq.heappush(self._held, (deadline, next(self._seq), routed))
 
     def expire(self, now: float | None = None) -> int:
@@ -352,7 +361,17 @@ class Director:
             log.exception("post_response plugin failed", extra={"request_id": routed.req.request_id})
 
 
+def expected_output_tokens(req: InferenceRequest) -> int:
+    out = req.max_tokens if req.max_tokens is not None and req.max_tokens > 0 else DEFAULT_OUTPUT_TOKENS
+    return min(out, MAX_EXPECTED_OUTPUT_TOKENS)
+
+
+def expected_duration_s(req: InferenceRequest, tpot_s: float | None) -> float:
+    """How long a request whose end picker will not see is assumed to run: an allowance plus its output time."""
+    per_token = tpot_s if tpot_s is not None and tpot_s > 0.0 else DEFAULT_TPOT_S
+    return HOLD_OVERHEAD_S + expected_output_tokens(req) * per_token
+
+
 def expected_tokens(req: InferenceRequest) -> int:
     """Tokens a request will occupy on its endpoint: its prompt plus the output it expects."""
-    out = req.max_tokens if req.max_tokens is not None and req.max_tokens > 0 else DEFAULT_OUTPUT_TOKENS
-    return req.prompt_tokens + min(out, MAX_EXPECTED_OUTPUT_TOKENS)
+    return req.prompt_tokens + expected_output_tokens(req)

@@ -10,7 +10,15 @@ import pytest
 
 from picker import errors
 from picker.bench.policies import REFERENCE_CONFIG_TEXT
-from picker.control.director import DEFAULT_OUTPUT_TOKENS, MAX_EXPECTED_OUTPUT_TOKENS, Director, expected_tokens
+from picker.control.director import (
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_TPOT_S,
+    HOLD_OVERHEAD_S,
+    MAX_EXPECTED_OUTPUT_TOKENS,
+    Director,
+    expected_output_tokens,
+    expected_tokens,
+)
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint
 from picker.endpoints.store import EndpointStore
@@ -147,18 +155,36 @@ async def test_complete_releases_observes_and_is_idempotent() -> None:
     assert (info.endpoint_key, info.completion_tokens, info.ttft_s) == (P2, 11, pytest.approx(0.2))
 
 
-async def test_hold_and_expire() -> None:
-    director, scheduler, inflight, clock = make(settings=ServerSettings(inflight_timeout_s=10.0))
+async def test_hold_and_expire_after_the_expected_duration() -> None:
+    director, scheduler, inflight, clock = make(settings=ServerSettings(inflight_timeout_s=300.0))
     routed = await director.route(parsed())
     director.hold(routed)
     assert director.held == 1
-    assert director.expire(clock() + 9.9) == 0
+    # Never observed on P2: the allowance plus the expected output at the default TPOT.
+    hold_s = HOLD_OVERHEAD_S + expected_output_tokens(routed.req) * DEFAULT_TPOT_S
+    assert hold_s < 300.0
+    assert director.expire(clock() + hold_s - 0.1) == 0
     before = REGISTRY.get_sample_value("picker_inflight_expired_total") or 0.0
-    assert director.expire(clock() + 10.0) == 1
+    assert director.expire(clock() + hold_s) == 1
     assert REGISTRY.get_sample_value("picker_inflight_expired_total") == before + 1
     assert inflight.requests(P2) == 0
     assert director.held == 0
     assert scheduler.post[-1].endpoint_key == P2
+
+
+async def test_hold_uses_the_observed_tpot_and_is_capped_by_the_timeout() -> None:
+    director, _, inflight, clock = make(settings=ServerSettings(inflight_timeout_s=10.0))
+    inflight.observe(P2, tpot_s=0.001)  # a fast endpoint: its requests end sooner
+    fast = await director.route(parsed())
+    director.hold(fast)
+    fast_s = HOLD_OVERHEAD_S + expected_output_tokens(fast.req) * 0.001
+    assert director.expire(clock() + fast_s - 0.01) == 0
+    assert director.expire(clock() + fast_s) == 1
+    inflight.observe(P2, tpot_s=10.0)  # so slow that only the timeout ends the hold (EWMA moves towards 10 s)
+    slow = await director.route(parsed())
+    director.hold(slow)
+    assert director.expire(clock() + 9.9) == 0
+    assert director.expire(clock() + 10.0) == 1
 
 
 async def test_abandon_releases_at_once() -> None:

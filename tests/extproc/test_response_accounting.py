@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from picker.control.director import DEFAULT_TPOT_S, HOLD_OVERHEAD_S
 from picker.extproc.stream import Phase, Stream
 from tests.extproc.gateway import MODE, headers_msg
 from tests.extproc.test_stream import (
@@ -87,11 +88,15 @@ async def test_stream_end_mid_response_releases() -> None:
     assert e.inflight.requests(P2) == 0
 
 
-async def test_no_response_phases_hold_the_lease_until_the_timeout() -> None:
-    e = make_env(inflight_timeout_s=30.0)
+# Held for its expected duration: the allowance plus its 10 output tokens (BODY) at the default TPOT.
+HOLD_S = HOLD_OVERHEAD_S + 10 * DEFAULT_TPOT_S
+
+
+async def test_no_response_phases_hold_the_lease_for_its_expected_duration() -> None:
+    e = make_env(inflight_timeout_s=300.0)
     stream = await _routed(e, response_mode=MODE.NONE)
     stream.close()
     assert e.inflight.requests(P2) == 1  # the request may still be running upstream
-    assert e.director.expire(e.clock() + 29.0) == 0
-    assert e.director.expire(e.clock() + 30.0) == 1
+    assert e.director.expire(e.clock() + HOLD_S - 0.1) == 0
+    assert e.director.expire(e.clock() + HOLD_S) == 1
     assert e.inflight.requests(P2) == 0

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from picker.control.director import Director
+from picker.control.director import DEFAULT_TPOT_S, HOLD_OVERHEAD_S, Director
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.store import EndpointStore
 from picker.extproc.responses import BODY_CHUNK_BYTES
@@ -289,14 +289,18 @@ async def test_stream_closed_mid_response_releases_the_lease() -> None:
     assert e.director.held == 0
 
 
-async def test_no_response_expected_holds_the_lease_until_timeout() -> None:
-    e = make_env(inflight_timeout_s=30.0)
+# Held for its expected duration: the allowance plus its 10 output tokens (BODY) at the default TPOT.
+HOLD_S = HOLD_OVERHEAD_S + 10 * DEFAULT_TPOT_S
+
+
+async def test_no_response_expected_holds_the_lease_for_its_expected_duration() -> None:
+    e = make_env(inflight_timeout_s=300.0)
     stream = e.stream()
     await feed(stream, [headers_msg(HEADERS, config=config(MODE.FULL_DUPLEX_STREAMED, MODE.NONE)), body_msg(BODY)])
     stream.close()
     assert e.inflight.requests(P2) == 1
-    assert e.director.expire(e.clock() + 29.0) == 0
-    assert e.director.expire(e.clock() + 31.0) == 1
+    assert e.director.expire(e.clock() + HOLD_S - 0.1) == 0
+    assert e.director.expire(e.clock() + HOLD_S) == 1
     assert e.inflight.requests(P2) == 0
 
 
