@@ -173,9 +173,14 @@ async def test_objective_priority_and_weighted_rewrite_apply_to_requests() -> No
             labels = {"model_name": model, "target_model_name": target, "priority": str(priority)}
             return sample("inference_objective_request_total", labels)
 
+        def rewrites(target: str) -> float:
+            labels = {"model_rewrite_name": "canary", "model_name": "llama", "target_model": target}
+            return sample("inference_extension_model_rewrite_decisions_total", labels)
+
         gateway = Gateway(s.running.grpc_target)
         try:
             before = {t: counted("llama", t, 5) for t in ("llama-v1", "llama-v2")}
+            rewrites_before = {t: rewrites(t) for t in ("llama-v1", "llama-v2")}
             models: collections.Counter[str] = collections.Counter()
             n = 200
             for i in range(n):
@@ -187,6 +192,9 @@ async def test_objective_priority_and_weighted_rewrite_apply_to_requests() -> No
             # The objective's priority (5) and the target model are on the reference metric, per request.
             after = {t: counted("llama", t, 5) for t in ("llama-v1", "llama-v2")}
             assert {t: after[t] - before[t] for t in after} == {t: float(c) for t, c in models.items()}
+            # Each rewrite decision is counted on the reference metric, by rule and target.
+            decided = {t: rewrites(t) - rewrites_before[t] for t in rewrites_before}
+            assert decided == {t: float(c) for t, c in models.items()}
 
             # A model no rule names passes unchanged; no objective header is priority 0; a negative one too shows.
             plain_before = counted("other", "other", 0)

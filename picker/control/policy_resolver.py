@@ -11,6 +11,7 @@ import random
 from picker.endpoints.policy import PolicyStore, priority_for, resolve_rewrite
 from picker.request import rewrite
 from picker.request.model import InferenceRequest
+from picker.telemetry import metrics
 
 __all__ = ["PolicyResolver"]
 
@@ -28,5 +29,6 @@ class PolicyResolver:
         if req.target_model == req.model and req.model:  # the rewrite header did not already win
             target, rule = resolve_rewrite(policy, req.model, self._rng)
             if rule is not None and target != req.model:
+                metrics.MODEL_REWRITE_DECISIONS.labels(rule, req.model, target).inc()
                 req = rewrite.rewrite_model(req, target)
         return req

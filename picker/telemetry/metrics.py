@@ -24,6 +24,7 @@ __all__ = [
     "INFLIGHT_EXPIRED",
     "INFO",
     "INPUT_TOKENS",
+    "MODEL_REWRITE_DECISIONS",
     "NTPOT",
     "OUTPUT_TOKENS",
     "PLUGIN_DURATION",
@@ -160,6 +161,12 @@ SCHEDULING_ERRORS = Counter(
 INFLIGHT_EXPIRED = Counter(
     "picker_inflight_expired",
     "In-flight leases released by timeout because no response phase ever reported completion.",
+    registry=REGISTRY,
+)
+MODEL_REWRITE_DECISIONS = Counter(
+    "inference_extension_model_rewrite_decisions",
+    "Requests whose model an InferenceModelRewrite rewrote, by rewrite, incoming model and target model.",
+    ("model_rewrite_name", "model_name", "target_model"),
     registry=REGISTRY,
 )
 
