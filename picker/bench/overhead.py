@@ -35,7 +35,7 @@ from aiohttp import web
 
 from picker.bench.extproc_client import ExtProcClient, build_messages
 
-__all__ = ["configure", "run"]
+__all__ = ["configure", "prompt_bodies", "run"]
 
 _WORDS = [
     "alpha",
@@ -111,7 +111,7 @@ async def _main(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     async with _metrics_stub(max(counts)) as metrics_port:
         for size in sizes:
-            bodies = _bodies(size)
+            bodies = prompt_bodies(size)
             async with _server([sys.executable, "-m", "picker.bench.nullproc", "{port}"]) as port:
                 rows.append(await _measure("do-nothing", 0, size, port, bodies, args))
             for count in counts:
@@ -154,7 +154,8 @@ async def _main(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def _bodies(size: int, n: int = 32) -> list[bytes]:
+def prompt_bodies(size: int, n: int = 32) -> list[bytes]:
+    """``n`` streamed completions bodies of about ``size`` bytes, seeded by the size (the benchmarks' prompts)."""
     rng = random.Random(size)
     bodies = []
     for _ in range(n):

@@ -14,8 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-import orjson
-
+from picker.bench.overhead import prompt_bodies
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.request.parse import parse_request
@@ -24,24 +23,6 @@ from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
 
 __all__ = ["configure", "run"]
-
-_WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "model",
-    "token",
-    "cache",
-    "prefix",
-]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,14 +55,7 @@ def _measure(count: int, size: int, config_text: str | None, args: argparse.Name
         )
         for i in range(count)
     ]
-    rng = random.Random(size)
-    requests = []
-    for _ in range(32):
-        words: list[str] = []
-        while sum(len(w) + 1 for w in words) < size - 80:
-            words.extend(rng.choice(_WORDS) for _ in range(64))
-        body = orjson.dumps({"model": "m", "prompt": " ".join(words), "max_tokens": 64})
-        requests.append(parse_request({":path": "/v1/completions"}, body))
+    requests = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(size)]
 
     def cycles(n: int) -> None:
         for i in range(n):
