@@ -158,33 +158,11 @@ class Scheduler:
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> tuple[PluginTiming, ...]:
         """Tell PreRequest plugins the destination is chosen. A failing plugin is logged, not fatal."""
-        timings: list[PluginTiming] = []
-        for hook in self._pre_request:
-            t0 = perf_counter()
-            if hook.guard is not None:
-                _guarded(hook.guard, hook.call, req, result)
-            else:
-                try:
-                    hook.call(req, result)
-                except Exception:
-                    log.exception("PreRequest plugin %s failed for request %s", hook.label, req.request_id)
-            timings.append(PluginTiming(PRE_REQUEST, hook.plugin_type, hook.plugin_name, perf_counter() - t0))
-        return tuple(timings)
+        return _fan_out(self._pre_request, PRE_REQUEST, req, result)
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
         """Tell PostResponse plugins the response completed. A failing plugin is logged, not fatal."""
-        timings: list[PluginTiming] = []
-        for hook in self._post_response:
-            t0 = perf_counter()
-            if hook.guard is not None:
-                _guarded(hook.guard, hook.call, req, info)
-            else:
-                try:
-                    hook.call(req, info)
-                except Exception:
-                    log.exception("PostResponse plugin %s failed for request %s", hook.label, req.request_id)
-            timings.append(PluginTiming(RESPONSE_COMPLETE, hook.plugin_type, hook.plugin_name, perf_counter() - t0))
-        return tuple(timings)
+        return _fan_out(self._post_response, RESPONSE_COMPLETE, req, info)
 
     def response_headers(self, endpoint: Endpoint) -> dict[str, str]:
         """Headers ResponseHeaders plugins want on the response once ``endpoint`` serves it (usually none).
@@ -230,6 +208,22 @@ class Scheduler:
 
 def _type_name(plugin: object) -> tuple[str, str]:
     return str(getattr(plugin, "type", type(plugin).__name__)), str(getattr(plugin, "name", ""))
+
+
+def _fan_out(hooks: Sequence[_Hook], point: str, req: InferenceRequest, arg: object) -> tuple[PluginTiming, ...]:
+    """Call one request hook on every plugin that has it, timing each; a failure is logged or counted, not raised."""
+    timings: list[PluginTiming] = []
+    for hook in hooks:
+        t0 = perf_counter()
+        if hook.guard is not None:
+            _guarded(hook.guard, hook.call, req, arg)
+        else:
+            try:
+                hook.call(req, arg)
+            except Exception:
+                log.exception("%s plugin %s failed for request %s", point, hook.label, req.request_id)
+        timings.append(PluginTiming(point, hook.plugin_type, hook.plugin_name, perf_counter() - t0))
+    return tuple(timings)
 
 
 def _guarded(guard: Guard, call: Callable[..., None], *args: object) -> None:
