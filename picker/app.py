@@ -355,7 +355,7 @@ async def serving(
     if resolver is None and kube is not None:
         resolver = PolicyResolver(policies)
     inflight = InflightTracker()
-    ctx = PluginContext(clock=clock, inflight=inflight)
+    ctx = PluginContext(clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s)
     if config is None:
         if settings.config_file:
             config = load_config_file(settings.config_file, ctx)
@@ -429,7 +429,14 @@ async def serving(
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
         ]
         if scrape:
-            background.append(("scrape", lambda: poller.run(store=store, settings=settings.scrape, clock=clock)))
+            background.append(
+                (
+                    "scrape",
+                    lambda: poller.run(
+                        store=store, settings=settings.scrape, clock=clock, own_requests=inflight.requests
+                    ),
+                )
+            )
         if kube is not None:
             from picker.discovery import kubernetes as kube_discovery  # imports kubernetes-asyncio
 

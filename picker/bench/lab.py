@@ -18,6 +18,14 @@ the policy what production feeds picker's scheduler:
   prefilled at the first token (and the TTFT), and is released at completion (and the TPOT), as the director
   does; the policy's ``routed`` / ``completed`` call the scheduler's PreRequest / PostResponse hooks.
 
+Beyond one picker seeing all traffic, a ``LabConfig`` can play what production pools do (``Scenario``): several
+independent routers (``replicas``, each with its own in-flight ledger, prefix state and scrape phase; the
+gateway spreads requests over them round robin or at random), traffic that bypasses every router
+(``external_share`` of the arrivals sent straight to the engines, uniformly or all to one engine), a restart of
+every router mid-run (``restart_at_s``: fresh ledger, fresh plugin state, fresh metrics; the engines keep their
+queues), and engines slower than the rest (``slowdowns``). ``LabRun.result`` holds the routed requests only
+(what the policy decided); ``LabRun.external`` the bypassing ones.
+
 Arrivals follow the load client's schedule (``poisson_schedule``: first request at 0, then
 ``load.poisson_arrivals(rate, seed)``), so the same workload, rate and seed give the same requests in the lab
 and live. Network and proxy time are zero. The run is deterministic for a seed (policies draw from a
@@ -32,13 +40,13 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from picker import errors
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, poisson_arrivals
-from picker.bench.policies import Pick, Policy, make_policy
+from picker.bench.policies import Policy, make_policy
 from picker.bench.workloads import Api, WorkItem, Workload
 from picker.control.director import expected_tokens
 from picker.endpoints.inflight import InflightTracker, Lease
@@ -58,6 +66,7 @@ __all__ = [
     "LabConfig",
     "LabRun",
     "PolicyFactory",
+    "Scenario",
     "poisson_schedule",
     "run_lab",
     "scraped_metrics",
@@ -65,9 +74,32 @@ __all__ = [
 
 EPOCH_S = 1000.0  # virtual time of the first arrival (clocks read > 0, as ``updated_at == 0`` means "never")
 
-_SCRAPE, _ARRIVAL, _STEP = 0, 1, 2  # event kinds; at equal times a scrape comes first, then arrivals
+# Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends.
+_RESTART, _SCRAPE, _ARRIVAL, _STEP = -1, 0, 1, 2
 PolicyFactory = Callable[[PluginContext], Policy]
 _REJECT_STATUS = {"queue_full": 429, "too_long": 400, "unknown_model": 404, "bad_request": 400}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """How the pool around the routers behaves (the default: one router that sees every request)."""
+
+    replicas: int = 1  # independent routers, each with its own ledger, plugin state and scrapes
+    spread: Literal["rr", "random"] = "rr"  # how the gateway spreads requests over the routers
+    external_share: float = 0.0  # share of the arrivals sent straight to an engine, bypassing every router
+    external_target: int | None = None  # the engine all bypassing traffic goes to; None: uniform
+    restart_at_s: float | None = None  # every router restarts at this time (seconds from the first arrival)
+    slowdowns: tuple[float, ...] = ()  # engine i's step times are multiplied by slowdowns[i] (missing: 1.0)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or not 0.0 <= self.external_share <= 1.0:
+            raise ValueError("replicas >= 1 and external_share in [0, 1]")
+        if any(f <= 0 for f in self.slowdowns) or (self.restart_at_s is not None and self.restart_at_s < 0):
+            raise ValueError("slowdowns > 0 and restart_at_s >= 0")
+
+    @property
+    def plain(self) -> bool:
+        return self == Scenario()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +109,13 @@ class LabConfig:
     scrape_interval_s: float = 0.1
     api: Api = "completions"
     seed: int = 0  # the policies' random source
+    scenario: Scenario = field(default_factory=Scenario)
 
     def __post_init__(self) -> None:
         if self.engines < 1 or self.scrape_interval_s <= 0:
             raise ValueError("engines >= 1 and scrape_interval_s > 0")
+        if self.scenario.external_target is not None and not 0 <= self.scenario.external_target < self.engines:
+            raise ValueError("external_target must name an engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +133,11 @@ class EngineSummary:
 class LabRun:
     policy: str
     rate: float | None
-    result: LoadResult  # records and in-flight samples, as the load client returns them
+    result: LoadResult  # the routed requests and in-flight samples, as the load client returns them
     engines: tuple[EngineSummary, ...]
     events: int
     wall_s: float  # not part of the JSON (the JSON is deterministic for a seed)
+    external: LoadResult | None = None  # requests that bypassed the routers (Scenario.external_share)
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "rate": self.rate, "engines": [asdict(e) for e in self.engines]}
@@ -114,8 +150,9 @@ def poisson_schedule(workload: Iterable[WorkItem], rate: float, n: int, seed: in
     return list(zip(times, items, strict=False))
 
 
-def scraped_metrics(stats: EngineStats, now: float) -> EndpointMetrics:
-    """What picker's vLLM scrape reads from this engine's ``/metrics`` page at ``now``."""
+def scraped_metrics(stats: EngineStats, now: float, own_requests: int | None = None) -> EndpointMetrics:
+    """What picker's vLLM scrape reads from this engine's ``/metrics`` page at ``now`` (``own_requests``: the
+    router's own in-flight count there at that moment, as the poller notes it)."""
     return EndpointMetrics(
         waiting=stats.waiting,
         running=stats.running,
@@ -126,17 +163,32 @@ def scraped_metrics(stats: EngineStats, now: float) -> EndpointMetrics:
         block_size=stats.block_size,
         num_gpu_blocks=stats.num_gpu_blocks,
         updated_at=now,
+        own_requests=own_requests,
     )
+
+
+class _Router:
+    """One picker (or baseline router) instance: its ledger, its view of the endpoints, its policy."""
+
+    def __init__(self, lab: _Lab, index: int, policy_seed: int) -> None:
+        self.index = index
+        self.inflight = InflightTracker()
+        self.store = EndpointStore()
+        self.ctx = PluginContext(clock=lab.clock, inflight=self.inflight, rng=random.Random(policy_seed))
+        spec = lab.policy_spec
+        self.policy: Policy = make_policy(spec, self.ctx) if isinstance(spec, str) else spec(self.ctx)
+        self.store.set_endpoints(lab.endpoints)
+        self.policy.endpoints_changed(frozenset(lab.index_of))
 
 
 @dataclass(slots=True)
 class _Live:
-    """A routed request inside an engine."""
+    """A request inside an engine; ``router`` is None for one that bypassed the routers."""
 
     record: RequestRecord
-    req: InferenceRequest
-    pick: Pick
-    lease: Lease
+    req: InferenceRequest | None
+    router: _Router | None
+    lease: Lease | None
     engine: int
     arrival_s: float
     first_token_s: float | None = None
@@ -156,28 +208,33 @@ class _Lab:
     policy_spec: str | PolicyFactory
     arrivals: Sequence[tuple[float, WorkItem]]
     clock: _Clock = field(default_factory=_Clock)
-    inflight: InflightTracker = field(default_factory=InflightTracker)
-    store: EndpointStore = field(default_factory=EndpointStore)
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.ctx = PluginContext(clock=self.clock, inflight=self.inflight, rng=random.Random(cfg.seed))
-        spec = self.policy_spec
-        self.policy: Policy = make_policy(spec, self.ctx) if isinstance(spec, str) else spec(self.ctx)
-        self.engines = [Engine(cfg.engine) for _ in range(cfg.engines)]
+        scenario = cfg.scenario
+        self.engines = [
+            Engine(cfg.engine if i >= len(scenario.slowdowns) else cfg.engine.replace(slowdown=scenario.slowdowns[i]))
+            for i in range(cfg.engines)
+        ]
         self.endpoints = [
             Endpoint.create(f"10.0.0.{i + 1}", 8000, name=f"sim-{i}", metrics_url=f"http://10.0.0.{i + 1}:8000/metrics")
             for i in range(cfg.engines)
         ]
         self.index_of = {e.key: i for i, e in enumerate(self.endpoints)}
-        self.store.set_endpoints(self.endpoints)
-        self.policy.endpoints_changed(frozenset(self.index_of))
+        # Router r draws from Random(seed + r): one router draws exactly what the lab always drew.
+        self.routers = [_Router(self, r, cfg.seed + r) for r in range(scenario.replicas)]
+        self.restarts = 0
+        # The pool's own randomness (external traffic, the gateway's spread) has a stream of its own, so a
+        # scenario does not shift the policies' draws.
+        self.pool_rng = random.Random(f"pool-{cfg.seed}")
+        self.next_router = 0
         self.model = cfg.engine.model
         self.path = "/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"
         self.kind: sim_api.Kind = "chat" if cfg.api == "chat" else "completions"
         self.tokenizer = default_tokenizer()
         self.parsed: dict[bytes, sim_api.ParsedRequest] = {}  # workloads repeat prompts: tokenise each once
         self.records: list[RequestRecord] = []
+        self.external: list[RequestRecord] = []
         self.live: dict[str, _Live] = {}
         self.routed = [0] * cfg.engines
         self.samples: list[tuple[float, int]] = []
@@ -186,14 +243,23 @@ class _Lab:
         self.pending_arrivals = 0
         self.events = 0
 
+    @property
+    def policy_name(self) -> str:
+        return self.routers[0].policy.name
+
     def push(self, at: float, kind: int, arg: int) -> None:
         heapq.heappush(self.heap, (at, kind, next(self.seq), arg))
 
     def run(self) -> None:
+        cfg = self.config
         for i, (offset, _) in enumerate(self.arrivals):
             self.push(EPOCH_S + offset, _ARRIVAL, i)
         self.pending_arrivals = len(self.arrivals)
-        self.push(EPOCH_S, _SCRAPE, 0)
+        # Router r scrapes r/N of an interval after router 0: independent pollers are not in phase.
+        for r in range(len(self.routers)):
+            self.push(EPOCH_S + cfg.scrape_interval_s * r / len(self.routers), _SCRAPE, r)
+        if cfg.scenario.restart_at_s is not None:
+            self.push(EPOCH_S + cfg.scenario.restart_at_s, _RESTART, 0)
         heap = self.heap
         while heap:
             at, kind, _, arg = heapq.heappop(heap)
@@ -204,37 +270,86 @@ class _Lab:
             elif kind == _ARRIVAL:
                 self.pending_arrivals -= 1
                 self.arrive(arg, at)
+            elif kind == _SCRAPE:
+                self.scrape(arg, at)
             else:
-                self.scrape(at)
+                self.restart(at)
 
     # -- events -------------------------------------------------------------------------------------------------
 
-    def scrape(self, now: float) -> None:
-        self.store.update_metrics(
-            {ep.key: scraped_metrics(eng.stats(), now) for ep, eng in zip(self.endpoints, self.engines, strict=True)}
-        )
-        self.samples.append((now - EPOCH_S, len(self.live)))
+    def scrape(self, r: int, now: float) -> None:
+        self.scrape_into(self.routers[r], now)
+        if r == 0:
+            self.samples.append((now - EPOCH_S, len(self.live)))
         if self.pending_arrivals or self.live:
-            self.push(now + self.config.scrape_interval_s, _SCRAPE, 0)
+            self.push(now + self.config.scrape_interval_s, _SCRAPE, r)
+
+    def scrape_into(self, router: _Router, now: float) -> None:
+        router.store.update_metrics(
+            {
+                ep.key: scraped_metrics(eng.stats(), now, router.inflight.requests(ep.key))
+                for ep, eng in zip(self.endpoints, self.engines, strict=True)
+            }
+        )
+
+    def restart(self, now: float) -> None:
+        """Every router starts afresh (a rollout of picker): requests already routed finish into the old
+        routers, which nothing reads any more; the new ones scrape at once, as a starting poller does."""
+        self.restarts += 1
+        for r in range(len(self.routers)):
+            seed = self.config.seed + r + 1000 * self.restarts
+            self.routers[r] = router = _Router(self, r, seed)
+            self.scrape_into(router, now)
 
     def arrive(self, i: int, now: float) -> None:
         _, item = self.arrivals[i]
         rid = f"lab-{i}"
         rec = RequestRecord(i, item.tag, item.model or self.model, now - EPOCH_S)
-        self.records.append(rec)
         body = orjson.dumps(item.body(self.config.api, self.model, stream=True))
+        scenario = self.config.scenario
+        if scenario.external_share and self.pool_rng.random() < scenario.external_share:
+            self.external.append(rec)
+            target = scenario.external_target
+            e = target if target is not None else self.pool_rng.randrange(len(self.engines))
+            rec.backend = self.endpoints[e].name
+            self.submit(e, rid, rec, body, None, None, None, now)
+            return
+        self.records.append(rec)
+        router = self.pick_router()
         headers = {":path": self.path, ":method": "POST", "content-type": "application/json", "x-request-id": rid}
         try:
             req = parse_request(headers, body)
-            pick = self.policy.pick(req, self.store.current().candidates())
+            pick = router.policy.pick(req, router.store.current().candidates())
         except errors.PickerError as exc:
             rec.status, rec.error = exc.status, exc.wire_text
             return
         e = self.index_of[pick.endpoint.key]
-        lease = self.inflight.acquire(pick.endpoint.key, expected_tokens(req), now)
-        self.policy.routed(req, pick)
+        lease = router.inflight.acquire(pick.endpoint.key, expected_tokens(req), now)
+        router.policy.routed(req, pick)
         self.routed[e] += 1
         rec.backend = pick.endpoint.name
+        self.submit(e, rid, rec, body, req, router, lease, now)
+
+    def pick_router(self) -> _Router:
+        n = len(self.routers)
+        if n == 1:
+            return self.routers[0]
+        if self.config.scenario.spread == "random":
+            return self.routers[self.pool_rng.randrange(n)]
+        self.next_router = (self.next_router + 1) % n
+        return self.routers[self.next_router]
+
+    def submit(
+        self,
+        e: int,
+        rid: str,
+        rec: RequestRecord,
+        body: bytes,
+        req: InferenceRequest | None,
+        router: _Router | None,
+        lease: Lease | None,
+        now: float,
+    ) -> None:
         engine = self.engines[e]
         try:
             p = self.parse_generate(body)
@@ -242,10 +357,12 @@ class _Lab:
         except (sim_api.ApiError, RequestRejected) as exc:
             status = exc.status if isinstance(exc, sim_api.ApiError) else _REJECT_STATUS[exc.kind]
             rec.status, rec.error = status, exc.message
-            self.inflight.release(lease)
-            self.policy.completed(req, ResponseInfo(endpoint_key=pick.endpoint.key, status=status, duration_s=0.0))
+            if router is not None and lease is not None and req is not None:
+                router.inflight.release(lease)
+                info = ResponseInfo(endpoint_key=self.endpoints[e].key, status=status, duration_s=0.0)
+                router.policy.completed(req, info)
             return
-        self.live[rid] = _Live(rec, req, pick, lease, e, now)
+        self.live[rid] = _Live(rec, req, router, lease, e, now)
         if engine.step_end_s is None:
             self.begin(e, now)
 
@@ -273,8 +390,10 @@ class _Lab:
     def first_token(self, live: _Live, now: float) -> None:
         live.first_token_s = now
         live.record.ttft_s = now - live.arrival_s
-        self.inflight.prefilled(live.lease, live.req.prompt_tokens)
-        self.inflight.observe(live.lease.endpoint_key, ttft_s=now - live.arrival_s)
+        if live.router is None or live.lease is None or live.req is None:
+            return
+        live.router.inflight.prefilled(live.lease, live.req.prompt_tokens)
+        live.router.inflight.observe(live.lease.endpoint_key, ttft_s=now - live.arrival_s)
 
     def finish(self, live: _Live, state: RequestState, now: float) -> None:
         del self.live[state.request_id]
@@ -286,10 +405,13 @@ class _Lab:
         rec.cached_tokens = state.cached_tokens
         rec.finish_reason = state.finish_reason
         rec.status = 200
-        key = live.lease.endpoint_key
+        router, lease, req = live.router, live.lease, live.req
+        if router is None or lease is None or req is None:
+            return
+        key = lease.endpoint_key
         if live.first_token_s is not None and n_out > 1:
-            self.inflight.observe(key, tpot_s=(now - live.first_token_s) / (n_out - 1))
-        self.inflight.release(live.lease)
+            router.inflight.observe(key, tpot_s=(now - live.first_token_s) / (n_out - 1))
+        router.inflight.release(lease)
         info = ResponseInfo(
             endpoint_key=key,
             status=200,
@@ -299,7 +421,7 @@ class _Lab:
             ttft_s=rec.ttft_s,
             duration_s=rec.e2e_s,
         )
-        self.policy.completed(live.req, info)
+        router.policy.completed(req, info)
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -342,6 +464,7 @@ def run_lab(
     lab.run()
     wall = time.perf_counter() - started
     records = sorted(lab.records, key=lambda r: r.index)
+    external = sorted(lab.external, key=lambda r: r.index)
     name = workload if isinstance(workload, str) else workload.name
     spec = LoadSpec(
         rate=rate if rate is not None else _mean_rate(ordered),
@@ -353,7 +476,8 @@ def run_lab(
     duration = max((r.end_s for r in records), default=0.0)
     url = f"lab://{config.engines}x{config.engine.model}"
     result = LoadResult(url, name, spec, config.engine.model, records, duration, lab.samples, 0.0)
-    return LabRun(lab.policy.name, rate, result, lab.summaries(), lab.events, wall)
+    bypass = LoadResult(url, name, spec, config.engine.model, external, duration, [], 0.0) if external else None
+    return LabRun(lab.policy_name, rate, result, lab.summaries(), lab.events, wall, bypass)
 
 
 def _mean_rate(arrivals: Sequence[tuple[float, WorkItem]]) -> float:

@@ -1,20 +1,27 @@
-"""``picker bench lab-eval``: picker's default against the baselines over the standard workloads (the lab report).
+"""``picker bench lab-eval``: picker's default against the baselines over the standard workloads and the messy
+pools of production (the lab report).
 
-    picker bench lab-eval --json lab-eval.json --png docs/img/lab-eval.png --markdown lab-eval.md   # ~3 minutes
-    picker bench lab-eval --quick                                                # a small version (tests, ~20 s)
-    picker bench lab-eval --workloads shared-prefix --config candidate.yaml      # a candidate default, alongside
+    picker bench lab-eval --json lab-eval.json --png docs/img/lab-eval.png --markdown lab-eval.md
+    picker bench lab-eval --quick                                                # a small version (tests)
+    picker bench lab-eval --workloads shared-prefix --scenarios plain --config candidate.yaml   # a candidate
 
-Four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines at a ladder of rates chosen around
-round robin's knee (where its p90 TTFT blows up) and past it; every policy sees the same requests at the same
-times (one seed). For each workload and rate it prints the lab's table and the ratios the issue asks about:
-picker's p90 TTFT against the best baseline's (the lowest p90 among the other policies) and against round robin's.
-``--json`` writes every run's summary and the ratios; ``--png`` one plot, p90 TTFT against the rate per workload.
+Four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines, under seven scenarios
+(``SCENARIOS``): ``plain`` (one picker sees every request) at a ladder of rates around round robin's knee and past
+it, and at two rates each (one below the knee, one past it) the pools picker really runs in: 30 % of the traffic
+bypassing the routers (spread over the servers, or all onto one), every router restarting mid-run with the queues
+full, one server 2.5x slower than the rest, and 2 or 4 independent router replicas. Every policy sees the same
+requests at the same times (one seed). For each point it prints the lab's table and the ratios: picker's p90 TTFT
+against the best other policy's (the lowest p90 among the others) and against round robin's. ``--json`` writes
+every run's summary and the ratios; ``--png`` p90 TTFT against the rate per workload (plain) and per scenario.
+``--jobs`` runs points in parallel processes (the numbers do not change: each run is deterministic).
 The numbers and what they mean are in docs/performance.md ("Scheduling: policy lab") and docs/scheduling.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,13 +34,18 @@ import orjson
 from picker import errors
 from picker.bench import lab_report
 from picker.bench import workloads as wl
-from picker.bench.lab import LabConfig, poisson_schedule, run_lab
+from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
+from picker.bench.workloads import WorkItem
 from picker.sim.config import EngineConfig, preset
 
 __all__ = [
     "BASELINE_POLICIES",
     "EVAL_WORKLOADS",
     "PICKER",
+    "PLAIN",
+    "PREVIOUS",
+    "SCENARIOS",
+    "EvalScenario",
     "EvalWorkload",
     "Ratio",
     "configure",
@@ -44,7 +56,8 @@ __all__ = [
 ]
 
 PICKER = "picker"
-BASELINE_POLICIES = ("rr", "lc", "p2c", "reference", "cache-aware", "lmetric")
+PREVIOUS = "picker-v1"  # the default before it followed what the servers report (policies.PREVIOUS_CONFIG_TEXT)
+BASELINE_POLICIES = ("rr", "lc", "p2c", "reference", "cache-aware", "lmetric", PREVIOUS)
 ENGINES = 8
 LORA_ADAPTERS = ("lora-a", "lora-b", "lora-c")
 LORA_WEIGHTS = (60.0, 30.0, 10.0)  # GIE's regression mix
@@ -60,6 +73,7 @@ class EvalWorkload:
     rates: tuple[float, ...]
     quick_rates: tuple[float, ...]
     what: str
+    scenario_rates: tuple[float, ...] = ()  # the rates of the other scenarios: below the knee, and past it
 
 
 def _engine(**changes: Any) -> EngineConfig:
@@ -78,6 +92,7 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
             _engine(),
             rates=(20.0, 40.0, 80.0, 160.0, 320.0),
             quick_rates=(40.0,),
+            scenario_rates=(40.0, 160.0),
             what="32 system prompts of 2048 tokens x 16 questions of 64, answers of ~64 tokens",
         ),
         EvalWorkload(
@@ -90,6 +105,7 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
             _engine(),
             rates=(10.0, 20.0, 40.0, 80.0),
             quick_rates=(20.0,),
+            scenario_rates=(20.0, 40.0),
             what="30 concurrent sessions of 4 turns, each turn resending the 2048-token system prompt and history",
         ),
         EvalWorkload(
@@ -98,6 +114,7 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
             _engine(),
             rates=(100.0, 200.0, 400.0, 800.0),
             quick_rates=(200.0,),
+            scenario_rates=(100.0, 400.0),
             what="the seed's mix: 13-token prompts, 80 % answered with 4 tokens, 20 % with 512",
         ),
         EvalWorkload(
@@ -106,15 +123,67 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
             _engine(lora_adapters=LORA_ADAPTERS, max_loras=1),
             rates=(5.0, 10.0, 20.0, 40.0),
             quick_rates=(10.0,),
+            scenario_rates=(10.0, 20.0),
             what="ShareGPT-shaped lengths over 3 adapters (60/30/10), engines with max_loras 1",
         ),
     )
 }
 
 
+Arrivals = Sequence[tuple[float, WorkItem]]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalScenario:
+    """A pool around the routers (``lab.Scenario``), made for a run's arrival schedule."""
+
+    name: str
+    make: Callable[[Arrivals], Scenario]
+    what: str
+
+
+PLAIN = "plain"
+EXTERNAL_SHARE = 0.3
+SLOWDOWN = 2.5
+
+
+def _restart_midway(arrivals: Arrivals) -> Scenario:
+    return Scenario(restart_at_s=arrivals[len(arrivals) // 2][0] if arrivals else 0.0)
+
+
+SCENARIOS: dict[str, EvalScenario] = {
+    s.name: s
+    for s in (
+        EvalScenario(PLAIN, lambda _: Scenario(), "one router sees every request"),
+        EvalScenario(
+            "external",
+            lambda _: Scenario(external_share=EXTERNAL_SHARE),
+            f"{EXTERNAL_SHARE:.0%} of the requests bypass the routers, spread uniformly over the servers",
+        ),
+        EvalScenario(
+            "external-skewed",
+            lambda _: Scenario(external_share=EXTERNAL_SHARE, external_target=0),
+            f"{EXTERNAL_SHARE:.0%} of the requests bypass the routers, all onto sim-0",
+        ),
+        EvalScenario(
+            "restart",
+            _restart_midway,
+            "every router restarts (empty ledger and prefix state) halfway through the arrivals",
+        ),
+        EvalScenario(
+            "slow-server",
+            lambda _: Scenario(slowdowns=(SLOWDOWN,)),
+            f"sim-0 runs {SLOWDOWN:g}x slower than the rest",
+        ),
+        EvalScenario("replicas-2", lambda _: Scenario(replicas=2), "2 independent routers, round robin between them"),
+        EvalScenario("replicas-4", lambda _: Scenario(replicas=4), "4 independent routers, round robin between them"),
+    )
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Ratio:
-    """picker's default against the others at one workload and rate (p90 TTFT)."""
+    """picker's default against the others at one workload, scenario and rate (p90 TTFT)."""
 
     workload: str
     rate: float
@@ -125,6 +194,23 @@ class Ratio:
     vs_best: float  # best baseline p90 / picker p90 (> 1: picker lower; 1.25 = picker 20 % below)
     vs_rr: float  # round robin p90 / picker p90
     lowest: bool  # picker's p90 is the lowest of all
+    scenario: str = PLAIN
+
+
+def rates_for(w: EvalWorkload, scenario: str, *, quick: bool) -> tuple[float, ...]:
+    if quick:
+        return w.quick_rates
+    return w.rates if scenario == PLAIN else (w.scenario_rates or w.quick_rates)
+
+
+def _run_point(
+    workload: str, scenario: str, rate: float, policy: str, requests: int, seed: int
+) -> tuple[lab_report.Row, float]:
+    w = EVAL_WORKLOADS[workload]
+    arrivals = poisson_schedule(w.make(seed), rate, requests, seed)
+    config = LabConfig(w.engine, engines=ENGINES, seed=seed, scenario=SCENARIOS[scenario].make(arrivals))
+    run_ = run_lab(config, policy, arrivals, workload=workload, rate=rate)
+    return lab_report.make_row(policy, run_.result, [f"sim-{i}" for i in range(ENGINES)], rate), run_.wall_s
 
 
 def evaluate(
@@ -134,26 +220,40 @@ def evaluate(
     requests: int,
     seed: int = 0,
     quick: bool = False,
+    scenarios: Sequence[str] = (PLAIN,),
+    jobs: int = 1,
     log: Callable[[str], None] = print,
-) -> dict[str, list[lab_report.Row]]:
-    """Every policy on every workload at every rate of its ladder; rows per workload, in rate then policy order."""
-    out: dict[str, list[lab_report.Row]] = {}
-    servers = [f"sim-{i}" for i in range(ENGINES)]
-    for w in workloads:
-        workload = w.make(seed)
-        config = LabConfig(w.engine, engines=ENGINES, seed=seed)
-        rows: list[lab_report.Row] = []
-        for rate in w.quick_rates if quick else w.rates:
-            arrivals = poisson_schedule(workload, rate, requests, seed)
-            for policy in policies:
-                run_ = run_lab(config, policy, arrivals, workload=workload, rate=rate)
-                rows.append(lab_report.make_row(policy, run_.result, servers, rate))
-                log(f"  {w.name} {rate:g} req/s {policy}: wall {run_.wall_s:.1f} s")
-        out[w.name] = rows
+) -> dict[tuple[str, str], list[lab_report.Row]]:
+    """Every policy on every workload, under every scenario, at each rate of its ladder; rows per
+    (scenario, workload), in rate then policy order. ``jobs`` > 1 runs them in that many processes."""
+    points = [
+        (w.name, sc, rate, policy)
+        for sc in scenarios
+        for w in workloads
+        for rate in rates_for(w, sc, quick=quick)
+        for policy in policies
+    ]
+    found: dict[tuple[str, str, float, str], lab_report.Row] = {}
+
+    def done(point: tuple[str, str, float, str], row: lab_report.Row, wall_s: float) -> None:
+        found[point] = row
+        log(f"  {point[1]} {point[0]} {point[2]:g} req/s {point[3]}: wall {wall_s:.1f} s")
+
+    if jobs <= 1:
+        for point in points:
+            done(point, *_run_point(*point, requests, seed))
+    else:
+        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+            futures = {pool.submit(_run_point, *point, requests, seed): point for point in points}
+            for future in concurrent.futures.as_completed(futures):
+                done(futures[future], *future.result())
+    out: dict[tuple[str, str], list[lab_report.Row]] = {}
+    for point in points:
+        out.setdefault((point[1], point[0]), []).append(found[point])
     return out
 
 
-def ratios(name: str, rows: Sequence[lab_report.Row], picker: str = PICKER) -> list[Ratio]:
+def ratios(name: str, rows: Sequence[lab_report.Row], picker: str = PICKER, scenario: str = PLAIN) -> list[Ratio]:
     """The ratios at each rate where picker and at least one other policy ran."""
     out = []
     for rate, at in lab_report.by_rate(rows).items():
@@ -167,7 +267,7 @@ def ratios(name: str, rows: Sequence[lab_report.Row], picker: str = PICKER) -> l
         out.append(
             Ratio(
                 name, rate, mine, best, others[best], rr, _div(others[best], mine), _div(rr, mine),
-                lowest=mine <= others[best],
+                lowest=mine <= others[best], scenario=scenario,
             )
         )  # fmt: skip
     return out
@@ -194,21 +294,29 @@ def _run_json(row: lab_report.Row) -> dict[str, Any]:
     }
 
 
-def plot(results: dict[str, list[lab_report.Row]], path: str | Path, picker: str = PICKER) -> None:
-    """p90 TTFT against the rate, one panel per workload, log y; picker's default drawn thick."""
+Results = dict[tuple[str, str], list[lab_report.Row]]  # (scenario, workload) -> rows
+
+
+def plot(results: Results, path: str | Path, picker: str = PICKER) -> None:
+    """p90 TTFT against the rate, log-log: one panel per workload for the plain scenario, one per workload for
+    the other scenarios (a line per scenario and policy would not read: there, the policies side by side, per
+    scenario, at the higher of the two rates). picker's default drawn thick."""
     from matplotlib.figure import Figure  # no pyplot: no global state
 
-    names = list(results)
-    cols = 2 if len(names) > 1 else 1
-    nrows = (len(names) + cols - 1) // cols
+    plain = [(w, rows) for (sc, w), rows in results.items() if sc == PLAIN]
+    others = [(sc, w, rows) for (sc, w), rows in results.items() if sc != PLAIN]
+    workloads_other = list(dict.fromkeys(w for _, w, _ in others))
+    panels = len(plain) + len(workloads_other)
+    cols = 2 if panels > 1 else 1
+    nrows = max(1, (panels + cols - 1) // cols)
     fig = Figure(figsize=(6.5 * cols, 4.2 * nrows), layout="constrained")
-    fig.suptitle(f"policy lab: p90 TTFT against the offered rate ({ENGINES} simulated h100-8b engines)")
-    axes = fig.subplots(nrows, cols, squeeze=False).flat
+    fig.suptitle(f"policy lab: p90 TTFT ({ENGINES} simulated h100-8b engines)")
+    axes = list(fig.subplots(nrows, cols, squeeze=False).flat)
     labels = list(dict.fromkeys(r.label for rows in results.values() for r in rows))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
-    for ax, name in zip(axes, names, strict=False):
+    for ax, (name, rows) in zip(axes, plain, strict=False):
         for label in labels:
-            pts = sorted((r.rate, r.summary.ttft_s.p90 * 1e3) for r in results[name] if r.label == label and r.rate)
+            pts = sorted((r.rate, r.summary.ttft_s.p90 * 1e3) for r in rows if r.label == label and r.rate)
             if pts:
                 thick = label == picker
                 ax.plot(
@@ -217,7 +325,23 @@ def plot(results: dict[str, list[lab_report.Row]], path: str | Path, picker: str
                 )  # fmt: skip
         ax.set(title=name, xlabel="req/s", ylabel="p90 TTFT (ms)", yscale="log", xscale="log")
         ax.legend(fontsize="small")
-    for ax in list(axes)[len(names) :]:
+    for ax, name in zip(axes[len(plain) :], workloads_other, strict=False):
+        scs = [(sc, rows) for sc, w, rows in others if w == name]
+        width = 0.8 / max(1, len(labels))
+        top_rate = 0.0
+        for j, label in enumerate(labels):
+            ys = []
+            for _, rows in scs:
+                top_rate = max((r.rate or 0.0 for r in rows), default=0.0)
+                at = [r for r in rows if r.label == label and r.rate == top_rate]
+                ys.append(at[0].summary.ttft_s.p90 * 1e3 if at else float("nan"))
+            xs = [i + j * width for i in range(len(scs))]
+            ax.bar(xs, ys, width, color=colors[label], label=label, edgecolor="black" if label == picker else None)
+        ticks = [i + width * (len(labels) - 1) / 2 for i in range(len(scs))]
+        ax.set_xticks(ticks, [sc for sc, _ in scs], rotation=30)
+        ax.set(title=f"{name} at {top_rate:g} req/s, by scenario", ylabel="p90 TTFT (ms)", yscale="log")
+        ax.legend(fontsize="x-small", ncols=2)
+    for ax in axes[panels:]:
         ax.set_visible(False)
     fig.savefig(str(path), dpi=100)
 
@@ -227,48 +351,69 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--workloads", default=",".join(EVAL_WORKLOADS), help=f"comma list of {', '.join(EVAL_WORKLOADS)}"
     )
     parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)} (default: all)"
+    )
+    parser.add_argument(
         "--policies",
         default=",".join((*BASELINE_POLICIES, PICKER)),
         help="comma list of lab policies (picker bench lab --help); 'picker' is the one the ratios are about",
     )
     parser.add_argument("--config", action="append", default=[], metavar="FILE", help="also run config:FILE")
+    parser.add_argument(
+        "--focus", default=PICKER, metavar="POLICY", help="the policy the ratios are about (default: picker)"
+    )
     parser.add_argument("--requests", type=int, help="requests per run (default 1500; 400 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="one rate per workload, 400 requests (tests)")
+    parser.add_argument("--quick", action="store_true", help="one rate per workload and scenario, 400 requests")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: one per core)"
+    )
     parser.add_argument("--json", type=Path, help="write every run's summary and the ratios")
-    parser.add_argument("--png", type=Path, help="write p90 TTFT against the rate, one panel per workload")
+    parser.add_argument("--png", type=Path, help="write p90 TTFT against the rate per workload, and per scenario")
     parser.add_argument("--markdown", type=Path, help="write the p90 tables and the ratios as Markdown (the docs')")
+
+
+def _names(text: str, known: Sequence[str], what: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"unknown {what}(s) {unknown}; choose from {', '.join(known)}")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-        unknown = [n for n in names if n not in EVAL_WORKLOADS]
-        if unknown or not names:
-            raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(EVAL_WORKLOADS)}")
+        names = _names(args.workloads, list(EVAL_WORKLOADS), "workload")
+        scenarios = _names(args.scenarios, list(SCENARIOS), "scenario")
         policies = [p.strip() for p in args.policies.split(",") if p.strip()] + [f"config:{c}" for c in args.config]
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
-        if requests < 1 or not policies:
-            raise ValueError("need --requests >= 1 and at least one policy")
+        if requests < 1 or not policies or args.jobs < 1:
+            raise ValueError("need --requests >= 1, --jobs >= 1 and at least one policy")
     except ValueError as exc:
         print(f"picker bench lab-eval: {exc}", file=sys.stderr)
         return 2
     workloads = [EVAL_WORKLOADS[n] for n in names]
     started = time.perf_counter()
     try:
-        results = evaluate(workloads, policies, requests=requests, seed=args.seed, quick=args.quick)
+        results = evaluate(
+            workloads, policies, requests=requests, seed=args.seed, quick=args.quick, scenarios=scenarios,
+            jobs=args.jobs,
+        )  # fmt: skip
     except (ValueError, errors.ConfigError) as exc:
         print(f"picker bench lab-eval: {exc}", file=sys.stderr)
         return 2
     all_ratios: list[Ratio] = []
-    for w in workloads:
-        rows = results[w.name]
-        for rate, at in lab_report.by_rate(rows).items():
-            lab_report.print_rows(f"{w.name} at {rate:g} req/s ({ENGINES} engines): {w.what}", at)
-        all_ratios += ratios(w.name, rows)
+    for sc in scenarios:
+        for w in workloads:
+            rows = results[(sc, w.name)]
+            for rate, at in lab_report.by_rate(rows).items():
+                title = f"{w.name} at {rate:g} req/s ({ENGINES} engines, {sc}): {w.what}; {SCENARIOS[sc].what}"
+                lab_report.print_rows(title, at)
+            all_ratios += ratios(w.name, rows, picker=args.focus, scenario=sc)
     _print_ratios(all_ratios)
     wall = time.perf_counter() - started
-    print(f"lab-eval: {sum(len(r) for r in results.values())} runs of {requests} requests in {wall:.0f} s wall")
+    runs = sum(len(r) for r in results.values())
+    print(f"lab-eval: {runs} runs of {requests} requests in {wall:.0f} s wall ({args.jobs} jobs)")
     if args.json:
         doc = {
             "eval": {
@@ -276,19 +421,20 @@ def run(args: argparse.Namespace) -> int:
                 "seed": args.seed,
                 "engines": ENGINES,
                 "policies": policies,
+                "scenarios": {sc: SCENARIOS[sc].what for sc in scenarios},
                 "quick": args.quick,
             },
             "workloads": {
                 w.name: {
                     "what": w.what,
-                    "rates": list(w.quick_rates if args.quick else w.rates),
+                    "rates": {sc: list(rates_for(w, sc, quick=args.quick)) for sc in scenarios},
                     "engine": {
                         "preset": "h100-8b",
                         "num_gpu_blocks": w.engine.num_gpu_blocks,
                         "lora_adapters": list(w.engine.lora_adapters),
                         "max_loras": w.engine.max_loras,
                     },
-                    "runs": [_run_json(r) for r in results[w.name]],
+                    "runs": [{"scenario": sc, **_run_json(r)} for sc in scenarios for r in results[(sc, w.name)]],
                 }
                 for w in workloads
             },
@@ -300,42 +446,55 @@ def run(args: argparse.Namespace) -> int:
         plot(results, args.png)
         print(f"wrote {args.png}")
     if args.markdown:
-        args.markdown.write_text(markdown(workloads, results, all_ratios))
+        args.markdown.write_text(markdown(workloads, scenarios, results, all_ratios))
         print(f"wrote {args.markdown}")
     return 0
 
 
-def markdown(workloads: Sequence[EvalWorkload], results: dict[str, list[lab_report.Row]], rs: Sequence[Ratio]) -> str:
-    """Per workload, p90 TTFT by policy and rate (with the throughput in brackets where a policy served less than
-    90 % of the offered rate), then the ratios."""
+def markdown(workloads: Sequence[EvalWorkload], scenarios: Sequence[str], results: Results, rs: Sequence[Ratio]) -> str:
+    """The plain scenario: per workload, p90 TTFT by policy and rate (with the throughput in brackets where a
+    policy served less than 90 % of the offered rate). The other scenarios: one table per workload, a column per
+    scenario and rate. Then the ratios."""
     out: list[str] = []
+    if PLAIN in scenarios:
+        for w in workloads:
+            ran = {row.rate for row in results[(PLAIN, w.name)]}
+            plain_cols = [((PLAIN, r), r) for r in rates_for(w, PLAIN, quick=False) if r in ran]
+            out += _table(f"**{w.name}** ({w.what}), TTFT p90:", plain_cols, results, w.name)
     for w in workloads:
-        rows = results[w.name]
-        rates = sorted({r.rate for r in rows if r.rate is not None})
-        labels = list(dict.fromkeys(r.label for r in rows))
-        out += [f"**{w.name}** ({w.what}), TTFT p90:", ""]
-        out.append("| policy | " + " | ".join(f"{rate:g} req/s" for rate in rates) + " |")
-        out.append("|---|" + "---|" * len(rates))
-        for label in labels:
-            cells = []
-            for rate in rates:
-                row = next(r for r in rows if r.label == label and r.rate == rate)
-                s = row.summary
-                cell = _fmt_s(s.ttft_s.p90)
-                if s.throughput_rps < 0.9 * rate:  # not keeping up: say how much it served
-                    cell += f" ({s.throughput_rps:.0f}/s)"
-                cells.append(f"**{cell}**" if label == PICKER else cell)
-            out.append(f"| {label} | " + " | ".join(cells) + " |")
-        out.append("")
-    out += ["| workload | req/s | picker p90 | best other (p90) | best / picker | rr / picker | lowest |"]
-    out.append("|---|---|---|---|---|---|---|")
+        cols = [((sc, rate), rate) for sc in scenarios if sc != PLAIN for rate in sorted(
+            {r.rate for r in results[(sc, w.name)] if r.rate is not None})]  # fmt: skip
+        if cols:
+            out += _table(f"**{w.name}** under the other scenarios, TTFT p90:", cols, results, w.name)
+    out += ["| scenario | workload | req/s | picker p90 | best other (p90) | best / picker | rr / picker | lowest |"]
+    out.append("|---|---|---|---|---|---|---|---|")
     for r in rs:
         out.append(
-            f"| {r.workload} | {r.rate:g} | {_fmt_s(r.picker_p90_s)} | "
+            f"| {r.scenario} | {r.workload} | {r.rate:g} | {_fmt_s(r.picker_p90_s)} | "
             f"{r.best_baseline} ({_fmt_s(r.best_baseline_p90_s)}) | {r.vs_best:.2f}x | {r.vs_rr:.1f}x | "
-            f"{'yes' if r.lowest else 'no'} |"
+            f"{'yes' if r.lowest else ('within 2 %' if r.vs_best >= 1 / 1.02 else 'no')} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _table(title: str, cols: Sequence[tuple[tuple[str, float], float]], results: Results, workload: str) -> list[str]:
+    head = [f"{rate:g} req/s" if sc == PLAIN else f"{sc} {rate:g}" for (sc, rate), _ in cols]
+    labels = list(dict.fromkeys(r.label for (sc, _), _ in cols for r in results[(sc, workload)]))
+    out = [title, "", "| policy | " + " | ".join(head) + " |", "|---|" + "---|" * len(cols)]
+    for label in labels:
+        cells = []
+        for (sc, rate), _ in cols:
+            row = next((r for r in results[(sc, workload)] if r.label == label and r.rate == rate), None)
+            if row is None:
+                cells.append("-")
+                continue
+            s = row.summary
+            cell = _fmt_s(s.ttft_s.p90)
+            if s.throughput_rps < 0.9 * rate * (1 - (EXTERNAL_SHARE if sc.startswith("external") else 0)):
+                cell += f" ({s.throughput_rps:.0f}/s)"  # not keeping up: say how much it served
+            cells.append(f"**{cell}**" if label == PICKER else cell)
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def _fmt_s(seconds: float) -> str:
@@ -345,11 +504,14 @@ def _fmt_s(seconds: float) -> str:
 def _print_ratios(rows: Sequence[Ratio]) -> None:
     if not rows:
         return
-    print("\npicker's default, p90 TTFT: vs the best other policy (>1 = picker lower) and vs round robin")
-    print(f"  {'workload':<14} {'req/s':>6} {'picker':>9} {'best other':>24} {'vs best':>8} {'vs rr':>8}  lowest")
+    print("\np90 TTFT of the focus policy: vs the best other policy (>1 = focus lower) and vs round robin")
+    print(
+        f"  {'scenario':<16} {'workload':<14} {'req/s':>6} {'picker':>9} {'best other':>24} {'vs best':>8} "
+        f"{'vs rr':>8}  lowest"
+    )
     for r in rows:
         best = f"{r.best_baseline} {r.best_baseline_p90_s * 1e3:.0f} ms"
         print(
-            f"  {r.workload:<14} {r.rate:>6g} {r.picker_p90_s * 1e3:>6.0f} ms {best:>24} {r.vs_best:>7.2f}x "
-            f"{r.vs_rr:>7.2f}x  {'yes' if r.lowest else 'no'}"
+            f"  {r.scenario:<16} {r.workload:<14} {r.rate:>6g} {r.picker_p90_s * 1e3:>6.0f} ms {best:>24} "
+            f"{r.vs_best:>7.2f}x {r.vs_rr:>7.2f}x  {'yes' if r.lowest else 'no'}"
         )

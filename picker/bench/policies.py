@@ -17,8 +17,9 @@ director does), so every policy reads the same router-tracked load:
 * ``lmetric`` the LMetric product: uncached prompt tokens x (in-flight + 1), lowest wins; the uncached part is
   estimated from the same kind of per-worker prefix-hash set, bounded by the endpoint's KV size.
 * ``reference`` picker's scheduler with the reference default configuration (queue 2, KV 2, prefix 3);
-  ``picker`` picker's scheduler with its built-in default (``load_config(None)``); ``config:PATH`` picker's
-  scheduler with any EndpointPickerConfig file, user plugins (``module:Class``) included.
+  ``picker`` picker's scheduler with its built-in default (``load_config(None)``); ``picker-v1`` its first
+  default (prefix 3 + token load 2 + LoRA 1 on picker's own ledger only; pinned, ``PREVIOUS_CONFIG_TEXT``);
+  ``config:PATH`` picker's scheduler with any EndpointPickerConfig file, user plugins (``module:Class``) included.
 
 Scheduler policies are the production ``Scheduler``; ``routed`` and ``completed`` call its ``pre_request`` and
 ``post_response`` hooks as the director does.
@@ -42,6 +43,7 @@ from picker.scheduling.framework import PluginContext, ResponseInfo, SchedulingR
 __all__ = [
     "BASELINES",
     "POLICY_NAMES",
+    "PREVIOUS_CONFIG_TEXT",
     "REFERENCE_CONFIG_TEXT",
     "CacheAware",
     "LMetric",
@@ -74,6 +76,32 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
     weight: 3
+"""
+
+
+# picker's first built-in default (docs/scheduling.md, "How it was chosen", candidate M): pinned so the lab keeps
+# comparing the current default with it. Its load term reads only picker's own in-flight ledger.
+PREVIOUS_CONFIG_TEXT = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters:
+    scoreMode: tokens
+    coldSpread: 1.0
+- type: token-load-scorer
+  parameters:
+    queueThresholdTokens: 32768
+- type: lora-affinity-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: token-load-scorer
+    weight: 2
+  - pluginRef: lora-affinity-scorer
+    weight: 1
 """
 
 
@@ -342,7 +370,7 @@ _ALIASES = {
     "power-of-two": "p2c",
     "cache_aware": "cache-aware",
 }
-POLICY_NAMES = (*BASELINES, "reference", "picker", "config:PATH")
+POLICY_NAMES = (*BASELINES, "reference", "picker", "picker-v1", "config:PATH")
 
 
 def make_policy(spec: str, ctx: PluginContext) -> Policy:
@@ -357,6 +385,8 @@ def make_policy(spec: str, ctx: PluginContext) -> Policy:
         return SchedulerPolicy(name, Scheduler(load_config(REFERENCE_CONFIG_TEXT, ctx), ctx))
     if name == "picker":
         return SchedulerPolicy(name, Scheduler(load_config(None, ctx), ctx))
+    if name == "picker-v1":
+        return SchedulerPolicy(name, Scheduler(load_config(PREVIOUS_CONFIG_TEXT, ctx), ctx))
     factory = BASELINES.get(name)
     if factory is None:
         raise ValueError(f"unknown policy {spec!r}; choose from {', '.join(POLICY_NAMES)}")

@@ -11,9 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["EndpointLoad", "InflightTracker", "Lease"]
+__all__ = ["DEFAULT_DECODE_TOKENS", "DEFAULT_REQUEST_TOKENS", "EndpointLoad", "InflightTracker", "Lease"]
 
 _EWMA_ALPHA = 0.2
+_SIZE_ALPHA = 0.05  # request sizes: a slower average, over the last ~20 requests
+# What an average request weighs before picker has routed any: a prompt plus an answer, and the answer alone.
+DEFAULT_REQUEST_TOKENS = 1024.0
+DEFAULT_DECODE_TOKENS = 256.0
 
 
 class HasKey(Protocol):
@@ -43,11 +47,20 @@ _ZERO = EndpointLoad()  # what ``load`` returns for an endpoint never seen; neve
 class InflightTracker:
     def __init__(self) -> None:
         self._loads: dict[str, EndpointLoad] = {}
+        # Moving averages of a routed request's tokens when it is sent (prompt + expected output) and once its
+        # prompt is prefilled (expected output): the weight of a request picker knows only as a count.
+        self.request_tokens = DEFAULT_REQUEST_TOKENS
+        self.decode_tokens = DEFAULT_DECODE_TOKENS
+        self._sized = self._decoded = False
 
     def acquire(self, endpoint_key: str, tokens: int, now: float) -> Lease:
         load = self._loads.setdefault(endpoint_key, EndpointLoad())
         load.requests += 1
         load.tokens += tokens
+        if self._sized:
+            self.request_tokens += _SIZE_ALPHA * (tokens - self.request_tokens)
+        else:
+            self.request_tokens, self._sized = float(tokens), True
         return Lease(endpoint_key, tokens, now)
 
     def release(self, lease: Lease) -> bool:
@@ -70,6 +83,10 @@ class InflightTracker:
         load = self._loads.get(lease.endpoint_key)
         if load is not None:
             load.tokens = max(0, load.tokens - done)
+        if self._decoded:
+            self.decode_tokens += _SIZE_ALPHA * (lease.tokens - self.decode_tokens)
+        else:
+            self.decode_tokens, self._decoded = float(lease.tokens), True
 
     def observe(self, endpoint_key: str, *, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
         load = self._loads.setdefault(endpoint_key, EndpointLoad())

@@ -39,6 +39,9 @@ class EndpointMetrics:
     block_size: int | None = None  # tokens per KV block
     num_gpu_blocks: int | None = None
     updated_at: float = 0.0  # monotonic seconds of the last successful scrape; 0 = never
+    # picker's own in-flight requests to this endpoint when the page was read (the poller notes it): what the
+    # server reported beyond that is traffic picker did not send. None: not noted.
+    own_requests: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from picker.plugins.api import (
     ScoredEndpoint,
     Scorer,
     Scores,
+    ServerLoad,
 )
 from picker.plugins.params import NoParams, PluginParams
 from picker.plugins.results import (
@@ -89,4 +90,5 @@ __all__ = [
     "ScoredEndpoint",
     "Scorer",
     "Scores",
+    "ServerLoad",
 ]

@@ -9,8 +9,10 @@ A scheduling cycle hands every plugin the same read-only values:
   ``name``, ``labels``, ``engine`` and ``metrics`` (an ``EndpointMetrics``: ``waiting``, ``running``,
   ``kv_usage`` in [0, 1], LoRA adapters, ``updated_at``). Frozen; equality and hashing use ``key`` only.
 * ``PluginContext``: a clock, a seeded random source, and two read-only views computed on demand:
-  ``ctx.load(endpoint)`` (picker's own in-flight requests and tokens there, and the TTFT / TPOT it observed)
-  and ``ctx.metrics_age_s(endpoint)`` (seconds since that endpoint's metrics were scraped).
+  ``ctx.load(endpoint)`` (picker's own in-flight requests and tokens there, and the TTFT / TPOT it observed),
+  ``ctx.server_load(endpoint)`` (the server's last report corrected by what picker sent it since: its load
+  now, traffic picker did not route included; ``picker.endpoints.serverload``) and ``ctx.metrics_age_s(endpoint)``
+  (seconds since that endpoint's metrics were scraped).
 * ``CycleState``: a dict shared by the plugins of one cycle, for work computed once and reused.
 
 The three role protocols are structural: a class needs only the method. The engine gives each configured
@@ -30,8 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from picker.endpoints import serverload
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint
+from picker.endpoints.serverload import ServerLoad
 from picker.request.model import InferenceRequest
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "ScoredEndpoint",
     "Scorer",
     "Scores",
+    "ServerLoad",
 ]
 
 Scores: TypeAlias = Mapping[Endpoint, float] | Sequence[float]
@@ -96,10 +101,17 @@ class PluginContext:
     inflight: InflightTracker  # picker's; read it through ``load`` — its other methods are picker's to call
     # The random source of pickers and tie-breaks; tests pass a seeded one.
     rng: random.Random = field(default_factory=random.Random)
+    # Scraped samples older than this are not the server's present (--metrics-staleness-threshold).
+    metrics_max_age_s: float = serverload.DEFAULT_MAX_AGE_S
 
     def load(self, endpoint: Endpoint) -> LoadView:
         """picker's in-flight requests and tokens on ``endpoint``, and the TTFT / TPOT it observed there."""
         return self.inflight.load(endpoint.key)
+
+    def server_load(self, endpoint: Endpoint) -> ServerLoad:
+        """``endpoint``'s load now: its last scraped report corrected by picker's sends and completions since,
+        so it counts traffic picker did not route (other replicas, direct clients) without a scrape's lag."""
+        return serverload.estimate(endpoint, self.inflight.load(endpoint.key), self.clock(), self.metrics_max_age_s)
 
     def metrics_age_s(self, endpoint: Endpoint) -> float:
         """Seconds since ``endpoint``'s metrics were last scraped successfully; ``math.inf`` if never."""

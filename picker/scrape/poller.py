@@ -8,9 +8,12 @@ tick's polls are done or the tick is over; publish every finished poll's metrics
 at a later one; a poll of an endpoint that left the pool is cancelled.
 
 Each poll: one GET on a shared keep-alive ``aiohttp.ClientSession``, ``timeout_s`` for request and body, the
-body capped at ``max_response_bytes``, then ``engines.extract``. On failure nothing of the endpoint is updated
-(its old metrics and ``updated_at`` stay), as in the reference; the tracker decides exclusion. Errors are logged
-on state changes only (ok→failing, failing→ok, excluded, readmitted), never per poll.
+body capped at ``max_response_bytes``, then ``engines.extract``. The moment the page has arrived, the poll notes
+picker's own in-flight requests to that endpoint (``own_requests``, from the ``InflightTracker``) in the metrics,
+so the scheduler can tell the server's other traffic from picker's own (``endpoints.serverload``). On failure
+nothing of the endpoint is updated (its old metrics and ``updated_at`` stay), as in the reference; the tracker
+decides exclusion. Errors are logged on state changes only (ok→failing, failing→ok, excluded, readmitted), never
+per poll.
 
 Requests ask for the classic text format (``Accept: text/plain``) uncompressed (``Accept-Encoding:
 identity``): a vLLM server would otherwise gzip its ~50 KB page at level 9 ten times a second on the event loop
@@ -28,6 +31,7 @@ prometheus_client's parser (~12 ms per page) a single endpoint at 100 ms would a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -64,14 +68,16 @@ async def run(
     settings: ScrapeSettings,
     clock: Callable[[], float],
     session: aiohttp.ClientSession | None = None,
+    own_requests: Callable[[str], int] | None = None,
 ) -> None:
-    """Poll the store's endpoints until cancelled. ``session`` is used as given (and not closed) if passed."""
+    """Poll the store's endpoints until cancelled. ``session`` is used as given (and not closed) if passed.
+    ``own_requests(key)``: picker's in-flight requests to an endpoint (``InflightTracker.requests``)."""
     owned = session is None
     if session is None:
         # No total connection limit (one poll per endpoint at a time bounds it); 2 per host:port as the reference.
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=2, keepalive_timeout=30.0)
         session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-    poller = _Poller(store, settings, clock, session)
+    poller = _Poller(store, settings, clock, session, own_requests)
     try:
         await poller.loop()
     finally:
@@ -87,6 +93,7 @@ class _Poller:
         settings: ScrapeSettings,
         clock: Callable[[], float],
         session: aiohttp.ClientSession,
+        own_requests: Callable[[str], int] | None = None,
     ) -> None:
         if settings.interval_s <= 0 or settings.timeout_s <= 0 or settings.max_response_bytes <= 0:
             raise ValueError("scrape interval_s, timeout_s and max_response_bytes must be positive")
@@ -94,6 +101,7 @@ class _Poller:
         self._settings = settings
         self._clock = clock
         self._session = session
+        self._own_requests = own_requests
         self._tracker = FreshnessTracker.from_settings(settings, clock)
         self._urls: dict[str, str] = {}  # tracked endpoint key -> metrics URL
         self._inflight: dict[str, asyncio.Task[_Outcome]] = {}
@@ -201,7 +209,11 @@ class _Poller:
         try:
             async with asyncio.timeout(self._settings.timeout_s):
                 page = await self._fetch(ep.metrics_url)
-            return _Outcome(ep.key, engines.extract(ep.engine, page, self._clock()), None)
+            own = self._own_requests(ep.key) if self._own_requests is not None else None
+            metrics = engines.extract(ep.engine, page, self._clock())
+            if own is not None:
+                metrics = dataclasses.replace(metrics, own_requests=own)
+            return _Outcome(ep.key, metrics, None)
         except ScrapeError as exc:
             return _Outcome(ep.key, None, exc)
         except TimeoutError:

@@ -53,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--max-waiting", type=int, help="waiting-queue bound (more is answered 429)")
     e.add_argument("--natural-output-tokens", type=int, help="mean answer length without ignore_eos")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--slowdown", type=float, help="multiply every engine step's time (2.5: a server 2.5x slower)")
     for ignored in ("--tensor-parallel-size", "--gpu-memory-utilization", "--enforce-eager", "--dtype"):
         e.add_argument(ignored, nargs="?", const=True, help=argparse.SUPPRESS)
 
@@ -104,6 +105,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         "max_loras",
         "max_waiting",
         "natural_output_tokens",
+        "slowdown",
     ):
         value = getattr(args, name)
         if value is not None:

@@ -9,6 +9,9 @@ One engine step (one forward pass over the batch) takes
            + context_s_per_token  * context tokens (KV read by every scheduled sequence, incl. this step's)
            + lora_overhead_s      if any sequence in the batch uses a LoRA adapter
 
+all of it times ``slowdown`` (1.0; 2.5 plays a server 2.5x slower than its preset: a throttled or failing GPU,
+a noisy neighbour — what no request counter sees).
+
 The prefill step emits the first token, so an idle engine's TTFT for an n-token prompt with c cached tokens is
 one step with n - c prefill tokens; every later token costs one decode step of the whole batch.
 
@@ -67,6 +70,7 @@ class EngineConfig:
     natural_output_tokens: int = 128  # mean answer length when the request lets the model stop (no ignore_eos)
     hash_seed: int = 0
     seed: int = 0
+    slowdown: float = 1.0  # multiplies every step's duration
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size", "max_model_len"):
@@ -74,6 +78,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_loras < 0 or self.max_waiting < 0 or self.natural_output_tokens < 1:
             raise ValueError("max_loras/max_waiting must be >= 0 and natural_output_tokens >= 1")
+        if not 0.0 < self.slowdown <= 100.0:
+            raise ValueError("slowdown must be in (0, 100]")
         if self.model in self.lora_adapters:
             raise ValueError(f"LoRA adapter name {self.model!r} equals the base model name")
 

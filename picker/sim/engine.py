@@ -306,7 +306,7 @@ class Engine:
             context += req.num_computed + n
             lora = lora or req.lora is not None
         duration = cfg.timing.step_s(prefill_tokens=prefill, decode_seqs=decode, context_tokens=context, lora=lora)
-        duration += stall_s
+        duration = duration * cfg.slowdown + stall_s
         self._step = _Step(now, now + duration, scheduled)
         return now + duration
 

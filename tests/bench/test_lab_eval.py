@@ -14,22 +14,33 @@ from picker.cli import main
 
 def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
-    assert main(["bench", "lab-eval", "--quick", "--json", str(out), "--png", str(png)]) == 0
+    argv = ["bench", "lab-eval", "--quick", "--scenarios", "plain,external", "--json", str(out), "--png", str(png)]
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "vs the best other policy" in text
     doc = orjson.loads(out.read_bytes())
     assert set(doc["workloads"]) == set(EVAL_WORKLOADS) == {"shared-prefix", "multi-turn", "short-long", "multi-lora"}
+    assert set(doc["eval"]["scenarios"]) == {"plain", "external"}
     for name, w in doc["workloads"].items():
-        got = {(r["policy"], r["rate"]) for r in w["runs"]}
-        assert got == {(p, rate) for p in (*BASELINE_POLICIES, PICKER) for rate in EVAL_WORKLOADS[name].quick_rates}
+        got = {(r["scenario"], r["policy"], r["rate"]) for r in w["runs"]}
+        want = {
+            (sc, p, rate) for sc in ("plain", "external") for p in (*BASELINE_POLICIES, PICKER)
+            for rate in EVAL_WORKLOADS[name].quick_rates
+        }  # fmt: skip
+        assert got == want
         for r in w["runs"]:
-            assert r["ok"] + r["failed"] == doc["eval"]["requests"]
+            if r["scenario"] == "plain":
+                assert r["ok"] + r["failed"] == doc["eval"]["requests"]
+            else:  # ~30 % of the requests bypassed the routers: the report counts the routed ones
+                assert 0.6 * doc["eval"]["requests"] < r["ok"] + r["failed"] < 0.8 * doc["eval"]["requests"]
             assert r["ttft_s"]["p90"] > 0
-    assert {r["workload"] for r in doc["ratios"]} == set(EVAL_WORKLOADS)
+    assert {(r["scenario"], r["workload"]) for r in doc["ratios"]} == {
+        (sc, w) for sc in ("plain", "external") for w in EVAL_WORKLOADS
+    }
     assert png.stat().st_size > 10_000
 
     # On shared prefixes picker's default keeps each group where it is cached; round robin thrashes every cache.
-    shared = next(r for r in doc["ratios"] if r["workload"] == "shared-prefix")
+    shared = next(r for r in doc["ratios"] if r["workload"] == "shared-prefix" and r["scenario"] == "plain")
     print(f"shared-prefix at {shared['rate']:g} req/s: round robin p90 / picker p90 = {shared['vs_rr']:.1f}x")
     assert shared["picker_p90_s"] < shared["rr_p90_s"]
     assert shared["vs_rr"] == pytest.approx(shared["rr_p90_s"] / shared["picker_p90_s"])
@@ -38,7 +49,7 @@ def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pyt
 def test_ratios_pick_the_best_other_policy_per_rate() -> None:
     rows = lab_eval.evaluate(
         [EVAL_WORKLOADS["shared-prefix"]], ["rr", "reference", PICKER], requests=60, quick=True, log=lambda _: None
-    )["shared-prefix"]
+    )[("plain", "shared-prefix")]
     [ratio] = lab_eval.ratios("shared-prefix", rows)
     p90 = {r.label: r.summary.ttft_s.p90 for r in rows}
     best = min(("rr", "reference"), key=p90.__getitem__)

@@ -24,8 +24,10 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   prompt's tokens from a ``TokenEstimator`` calibrated on responses' usage (``calibrateTokens`` true). A short
   prompt matched whole no longer scores like a long one (the ratio's defect, GIE #2561).
 * ``charsPerToken`` 4: characters per token of a block (block = ``blockSizeTokens`` * this).
-* ``maxLoadFactor`` 0 (off; else ≥ 1): hot-prefix cap, bounded-load style. With n_e picker's in-flight requests
-  on e and N candidates, an endpoint with n_e + 1 > max(ceil(maxLoadFactor * (Σn + 1) / N), ``loadCapFloor``)
+* ``maxLoadFactor`` 0 (off; else ≥ 1): hot-prefix cap, bounded-load style. With n_e the requests e is working
+  on (``PluginContext.server_load``: picker's in-flight requests plus what the server last reported beyond
+  them, so traffic picker did not route counts; picker's ledger alone when it is the only client) and N
+  candidates, an endpoint with n_e + 1 > max(ceil(maxLoadFactor * (Σn + 1) / N), ``loadCapFloor``)
   scores 0: the request goes elsewhere on load, and the prefix is learned there too (the hot prefix replicates).
   ``loadCapFloor`` 1 keeps pure bounded loads, which already spread at low load; raise it to keep affinity until
   an endpoint has that many requests in flight.
@@ -221,7 +223,7 @@ class PrefixCacheScorer:
         if ctx is None or not endpoints:
             return
         params = self.params
-        loads = [ctx.load(e).requests for e in endpoints]
+        loads = [ctx.server_load(e).requests for e in endpoints]
         cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(endpoints)), params.load_cap_floor)
         for i, n in enumerate(loads):
             if n + 1 > cap:

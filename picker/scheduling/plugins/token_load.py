@@ -6,14 +6,21 @@ routed there and not finished) plus this request's own load there: its prompt to
 that endpoint), the fraction from a prefix plugin that scored earlier in the cycle (``PrefixMatch``; none ⇒ the
 whole prompt). Score ``1 - min(L, T) / T`` with L that sum and T = ``queueThresholdTokens``; L ≤ 0 ⇒ 1.0.
 
+With ``loadSource: blended`` (picker's; the reference counts the ledger alone) the in-flight part also counts
+what each server reported beyond picker's own requests (``PluginContext.server_load``: the last scrape corrected
+by what picker sent and saw finish since): requests from other picker replicas, other gateways, clients that
+bypass picker, or from before picker restarted, each weighted as an average request picker routed (waiting: prompt
++ answer; running: the answer). Without a fresh sample it is the ledger alone.
+
 Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (128 requests * 32K tokens);
-``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker).
+``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker); picker's ``loadSource``: ``ledger``
+(default) or ``blended``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -31,23 +38,31 @@ TYPE = "token-load-scorer"
 class Params(PluginParams):
     queue_threshold_tokens: int = Field(default=4_194_304, ge=1)
     in_flight_load_producer_name: str = ""
+    load_source: Literal["ledger", "blended"] = "ledger"
 
 
 class TokenLoadScorer:
     type: ClassVar[str] = TYPE
     category: ClassVar[Category] = Category.DISTRIBUTION
-    __slots__ = ("_ctx", "_threshold", "name")
+    __slots__ = ("_blended", "_ctx", "_threshold", "name")
 
-    def __init__(self, name: str, threshold_tokens: int, ctx: PluginContext) -> None:
+    def __init__(self, name: str, threshold_tokens: int, ctx: PluginContext, *, blended: bool = False) -> None:
         self.name = name
         self._threshold = float(threshold_tokens)
         self._ctx = ctx
+        self._blended = blended
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
         threshold = self._threshold
         match = cycle.get(MATCH_STATE)
         prompt = float(req.prompt_tokens)
-        in_flight = self._ctx.inflight.tokens_of(endpoints)
+        in_flight: list[int] | list[float]
+        if self._blended:
+            ctx = self._ctx
+            per_request, per_decode = ctx.inflight.request_tokens, ctx.inflight.decode_tokens
+            in_flight = [ctx.server_load(e).tokens(per_request, per_decode) for e in endpoints]
+        else:
+            in_flight = self._ctx.inflight.tokens_of(endpoints)
         if isinstance(match, PrefixMatch):
             loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]
         else:
@@ -56,7 +71,7 @@ class TokenLoadScorer:
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
-    return TokenLoadScorer(name, params.queue_threshold_tokens, ctx)
+    return TokenLoadScorer(name, params.queue_threshold_tokens, ctx, blended=params.load_source == "blended")
 
 
 SPEC = PluginSpec(TYPE, Params, create)

@@ -1,0 +1,70 @@
+"""What a model server is working on now: its last report, corrected by what picker sent it since.
+
+A scrape says what the server had (waiting and running requests, KV-cache use) when its page was read, up to a
+scrape interval ago. picker's ledger (``InflightTracker``) knows exactly what *this* picker has sent and not
+seen finish, but nothing of other traffic: other picker replicas or gateways, clients that call the server
+directly, requests still running from before a restart. Neither decides alone:
+
+    foreign_e  = max(0, waiting_e + running_e - own_at_sample_e)    what the server had that picker did not send
+    requests_e = own_now_e + foreign_e
+
+``own_at_sample_e`` is picker's own in-flight count on e when the page was read (``EndpointMetrics.own_requests``,
+noted by the poller), so requests picker sent, or saw finish, since the sample are counted once, from the
+ledger. When picker is the only client the foreign part is zero and the estimate is the ledger, which moves at
+every pick (a burst does not herd onto the server a stale scrape calls idle); when someone else loads a server,
+the next scrape shows it. A sample older than ``max_age_s`` (or none) counts no foreign load: the ledger alone.
+
+In tokens (the unit of ``token-load-scorer``): the ledger's own tokens, plus each foreign request at the weight
+of an average request picker routed: a waiting one as a whole request (prompt + answer), a running one as an
+answer. The foreign requests are split between waiting and running in the proportion the server reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from picker.endpoints.inflight import EndpointLoad
+from picker.endpoints.model import Endpoint
+
+__all__ = ["DEFAULT_MAX_AGE_S", "ServerLoad", "estimate"]
+
+DEFAULT_MAX_AGE_S = 2.0  # as --metrics-staleness-threshold: older samples are not the server's present
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """One endpoint's estimated load now (see the module docstring)."""
+
+    own_requests: int  # picker's in flight there now
+    own_tokens: int  # picker's prompt tokens not yet prefilled + expected output tokens there now
+    foreign_waiting: float  # requests the server reported beyond picker's own, waiting for a slot
+    foreign_running: float  # ... and running
+    kv_usage: float  # the server's reported KV-cache use (0 without a fresh sample)
+    fresh: bool  # a sample no older than max_age_s was used
+
+    @property
+    def foreign_requests(self) -> float:
+        return self.foreign_waiting + self.foreign_running
+
+    @property
+    def requests(self) -> float:
+        return self.own_requests + self.foreign_requests
+
+    def tokens(self, request_tokens: float, decode_tokens: float) -> float:
+        """Own tokens plus foreign requests weighted as average ones: waiting at ``request_tokens`` (prompt +
+        answer), running at ``decode_tokens`` (the answer)."""
+        return self.own_tokens + self.foreign_waiting * request_tokens + self.foreign_running * decode_tokens
+
+
+def estimate(endpoint: Endpoint, own: EndpointLoad, now: float, max_age_s: float = DEFAULT_MAX_AGE_S) -> ServerLoad:
+    """``endpoint``'s load now from its last scrape and picker's ledger ``own`` (``InflightTracker.load``)."""
+    m = endpoint.metrics
+    if m.updated_at <= 0.0 or now - m.updated_at > max_age_s:
+        return ServerLoad(own.requests, own.tokens, 0.0, 0.0, 0.0, fresh=False)
+    reported = m.waiting + m.running
+    own_then = m.own_requests if m.own_requests is not None else own.requests
+    foreign = reported - own_then
+    if foreign <= 0:
+        return ServerLoad(own.requests, own.tokens, 0.0, 0.0, m.kv_usage, fresh=True)
+    waiting = foreign * m.waiting / reported
+    return ServerLoad(own.requests, own.tokens, waiting, foreign - waiting, m.kv_usage, fresh=True)
