@@ -37,6 +37,7 @@ def endpoint(
     labels: Mapping[str, str] | None = None,
     updated_at: float = 1000.0,
     excluded: bool = False,
+    own_requests: int | None = None,
 ) -> Endpoint:
     """Endpoint ``192.168.1.<i>:<port>`` with the given scraped metrics (reference test numbering)."""
     ep = Endpoint.create(f"192.168.1.{i}", port, labels=labels)
@@ -48,6 +49,7 @@ def endpoint(
         waiting_loras=frozenset(waiting_loras),
         max_loras=max_loras,
         updated_at=updated_at,
+        own_requests=own_requests,
     )
     return Endpoint(
         key=ep.key,

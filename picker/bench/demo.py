@@ -28,7 +28,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from picker.bench import envoy, lab_report, procs
+from picker.bench import stack as stack_procs
 from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, run_load
 
@@ -196,11 +197,15 @@ async def _phase(
 ) -> tuple[LoadResult, list[str]]:
     ports = [procs.free_port() for _ in range(plan.sims)]
     async with contextlib.AsyncExitStack() as stack:
-        sims = await stack.enter_async_context(_sims(ports, plan, on_start))
+        sims = await stack.enter_async_context(
+            stack_procs.sims(ports, num_gpu_blocks=plan.num_gpu_blocks, seed=plan.seed, on_start=on_start)
+        )
         children = [sims]
         picker_port = 0
         if label == PICKER:
-            picker, picker_port = await stack.enter_async_context(_picker(ports, plan, on_start))
+            picker, picker_port = await stack.enter_async_context(
+                stack_procs.picker_serve(ports, scrape_interval=plan.scrape_interval, on_start=on_start)
+            )
             children.append(picker)
         listen, admin = procs.free_port(), procs.free_port()
         config = envoy.render(
@@ -253,33 +258,6 @@ async def _watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.C
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-@contextlib.asynccontextmanager
-async def _sims(
-    ports: list[int], plan: DemoPlan, on_start: Callable[[procs.Child], None]
-) -> AsyncIterator[procs.Child]:
-    argv = [*procs.picker_command(), "sim", "--preset", "h100-8b", "--ports", ",".join(map(str, ports))]
-    argv += ["--num-gpu-blocks", str(plan.num_gpu_blocks), "--seed", str(plan.seed)]
-    async with procs.spawn("sims", argv, on_start=on_start) as child:
-        for port in ports:
-            await child.wait_http(f"http://127.0.0.1:{port}/health", 30.0)
-        yield child
-
-
-@contextlib.asynccontextmanager
-async def _picker(
-    ports: list[int], plan: DemoPlan, on_start: Callable[[procs.Child], None]
-) -> AsyncIterator[tuple[procs.Child, int]]:
-    grpc, health, metrics = procs.free_port(), procs.free_port(), procs.free_port()
-    argv = [*procs.picker_command(), "serve", "--endpoints", ",".join(f"127.0.0.1:{p}" for p in ports)]
-    argv += ["--host", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-health-port", str(health)]
-    argv += ["--metrics-port", str(metrics), "--refresh-metrics-interval", plan.scrape_interval]
-    argv += ["--grace-period", "0s", "--termination-grace", "2s", "--log-level", "warning"]
-    async with procs.spawn("picker", argv, on_start=on_start) as child:
-        await child.wait_http(f"http://127.0.0.1:{metrics}/metrics", 30.0)
-        await asyncio.sleep(0.3)  # a few scrapes: picker has seen every server
-        yield child, grpc
 
 
 def _ratios(rr: lab_report.Row, picker: lab_report.Row) -> dict[str, float]:

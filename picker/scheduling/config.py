@@ -52,18 +52,25 @@ API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 KIND = "EndpointPickerConfig"
 DEFAULT_PROFILE = "default"
 
-# picker's built-in default, chosen in the policy lab (docs/scheduling.md has the candidates and their numbers;
-# ``picker bench lab-eval`` regenerates them). Against the reference default (queue 2, KV cache 2, prefix 3; kept
-# as ``picker.bench.policies.REFERENCE_CONFIG_TEXT`` and in the Helm chart):
+# picker's built-in default, chosen in the policy lab over seven workload/traffic scenarios (docs/scheduling.md
+# has the candidates and their numbers; ``picker bench lab-eval`` regenerates them). Against the reference default
+# (queue 2, KV cache 2, prefix 3; kept as ``picker.bench.policies.REFERENCE_CONFIG_TEXT`` and in the Helm chart):
 # * prefix-cache-scorer scores matched *tokens* (saturating at 2048), not the matched share of the prompt, so a
-#   short prompt matched whole no longer outweighs a long shared prefix (GIE #2561); and ``coldSpread`` sends a
-#   prompt that no server holds to the server picker has placed the least content on (SGLang's smallest tree),
-#   which spreads new prefixes, and short unrelated prompts, evenly;
-# * token-load-scorer replaces the queue and KV scorers: picker's exact in-flight tokens plus this request's
-#   uncached prefill on each server, on a 32k-token scale. The scraped queue reads 0 until a server saturates
-#   and is up to a scrape interval stale, so the reference piled multi-turn sessions onto a few servers;
+#   short prompt matched whole no longer outweighs a long shared prefix (GIE #2561); ``coldSpread`` sends a
+#   prompt that no server holds to the server picker has placed the least content on (SGLang's smallest tree);
+#   ``maxLoadFactor``/``loadCapFloor`` stop a hot prefix from following its holder once that server works on
+#   more than 3x the pool's mean number of requests (and more than 8) - counted from the servers' own queues,
+#   so the cap also holds when other clients or picker replicas fill that server;
+# * token-load-scorer with ``loadSource: blended``: per server, the scraped waiting + running requests
+#   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
+#   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
+#   scrape (a poll interval stale) nor picker's ledger (blind to traffic it did not route, empty after a
+#   restart) decides alone; a stale or missing scrape falls back to the ledger;
+# * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
+#   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
 # * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
 #   same, so it changes nothing).
+# The previous default (ledger only, no cap, no TTFT) is ``picker.bench.policies.PREVIOUS_CONFIG_TEXT``.
 # Implied: max-score-picker, single-profile-handler.
 DEFAULT_CONFIG_TEXT = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -73,9 +80,13 @@ plugins:
   parameters:
     scoreMode: tokens
     coldSpread: 1.0
+    maxLoadFactor: 3.0
+    loadCapFloor: 8
 - type: token-load-scorer
   parameters:
     queueThresholdTokens: 32768
+    loadSource: blended
+- type: relative-ttft-scorer
 - type: lora-affinity-scorer
 - type: metrics-data-source
 - type: core-metrics-extractor
@@ -86,6 +97,8 @@ schedulingProfiles:
     weight: 3
   - pluginRef: token-load-scorer
     weight: 2
+  - pluginRef: relative-ttft-scorer
+    weight: 1
   - pluginRef: lora-affinity-scorer
     weight: 1
 dataLayer:

@@ -52,8 +52,8 @@ async def stack(
         str(metrics_port),
         "--refresh-metrics-interval",
         "50ms",
-        # The reference default's queue / KV scoring: these tests route by the backends' scraped queues, which
-        # picker's built-in default (token load from its own accounting, docs/scheduling.md) does not read.
+        # The reference default's queue / KV scoring: these tests route by the backends' scraped queues alone;
+        # picker's built-in default also weighs prefix affinity and TTFT (tests/extproc/test_default_follows_servers.py).
         "--config-text",
         REFERENCE_CONFIG_TEXT,
     ]

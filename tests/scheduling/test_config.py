@@ -11,6 +11,7 @@ from picker import errors
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, SchedulerConfig, load_config, load_config_file
 from picker.scheduling.plugins import datalayer, saturation
 from picker.scheduling.plugins.prefix import PrefixCacheScorer
+from picker.scheduling.plugins.token_load import TokenLoadScorer
 from picker.scheduling.spec import ConfiguredPlugin
 from tests.scheduling.helpers import HEAD, INTEGRATION, ctx
 
@@ -137,14 +138,23 @@ def _load(text: str) -> SchedulerConfig:
 
 
 def test_builtin_default_is_the_lab_choice() -> None:
-    # picker's default (chosen in the policy lab, docs/scheduling.md): token-scored prefix affinity, token load,
-    # LoRA affinity; the reference default stays loadable as plain config text (next test).
+    # picker's default (chosen in the policy lab, docs/scheduling.md): token-scored prefix affinity with a
+    # hot-prefix cap, token load blended from the servers' reports and picker's ledger, relative TTFT, LoRA
+    # affinity; the reference default stays loadable as plain config text (next test).
     config = load_config(None, ctx())
     assert list(config.profiles) == ["default"]
-    assert _weights(config) == {"prefix-cache-scorer": 3.0, "token-load-scorer": 2.0, "lora-affinity-scorer": 1.0}
+    assert _weights(config) == {
+        "prefix-cache-scorer": 3.0, "token-load-scorer": 2.0, "relative-ttft-scorer": 1.0, "lora-affinity-scorer": 1.0
+    }  # fmt: skip
     prefix_scorer = config.plugins["prefix-cache-scorer"]
     assert isinstance(prefix_scorer, PrefixCacheScorer)
-    assert (prefix_scorer.params.score_mode, prefix_scorer.params.cold_spread) == ("tokens", 1.0)
+    params = prefix_scorer.params
+    assert (params.score_mode, params.cold_spread, params.max_load_factor, params.load_cap_floor) == (
+        "tokens", 1.0, 3.0, 8
+    )  # fmt: skip
+    load_scorer = config.plugins["token-load-scorer"]
+    assert isinstance(load_scorer, TokenLoadScorer)
+    assert load_scorer.blended  # the servers' reports count, not only picker's ledger
     profile = config.profiles["default"]
     assert profile.picker.type == "max-score-picker"
     assert profile.filters == ()

@@ -46,6 +46,7 @@ class Backend:
         self.max_active: Counter[str] = Counter()
         self.release = asyncio.Event()
         self.port = 0
+        self.served_at: list[float] = []
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/metrics/{name}"
@@ -54,6 +55,7 @@ class Backend:
         name = request.match_info["name"]
         mode = self.modes.get(name, "ok")
         self.hits[name, mode] += 1
+        self.served_at.append(time.monotonic())
         self.active[name] += 1
         self.max_active[name] = max(self.max_active[name], self.active[name])
         try:
@@ -345,3 +347,32 @@ async def test_a_new_metrics_url_starts_the_endpoint_over(backend: Backend, capl
         assert not get(store, moved).excluded
         assert sample("picker_endpoint_excluded", endpoint=moved.key) == 0.0
     assert logged(caplog, broken.key, "readmitted") == 0  # a fresh start, not a recovery
+
+
+async def test_each_sample_notes_pickers_own_requests_once_its_page_arrived(backend: Backend) -> None:
+    # What the server reports can include only what picker had sent by the time the page was served, so the
+    # poll reads picker's count after the page arrived, once per page, and the sample carries that value.
+    e = ep(1, backend.url("b1"))
+    backend.pages["b1"] = vllm_page(waiting=4, running=3)
+    calls: list[tuple[float, int]] = []
+
+    def own_requests(key: str) -> int:
+        assert key == e.key
+        calls.append((time.monotonic(), len(calls) + 10))
+        return calls[-1][1]
+
+    store = EndpointStore()
+    store.set_endpoints([e])
+    served = backend.served_at
+    task = asyncio.create_task(
+        poller.run(store=store, settings=FAST, clock=time.monotonic, own_requests=own_requests)
+    )
+    try:
+        await until(lambda: len(calls) >= 3)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert len(calls) <= len(served)  # one reading per page, none without one
+    assert all(called >= at for (called, _), at in zip(calls, served, strict=False))
+    assert get(store, e).metrics.own_requests in {value for _, value in calls}
+    assert get(store, e).metrics.waiting == 4

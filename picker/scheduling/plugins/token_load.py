@@ -52,6 +52,11 @@ class TokenLoadScorer:
         self._ctx = ctx
         self._blended = blended
 
+    @property
+    def blended(self) -> bool:
+        """Whether the servers' reported load counts (``loadSource: blended``), not only picker's ledger."""
+        return self._blended
+
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
         threshold = self._threshold
         match = cycle.get(MATCH_STATE)

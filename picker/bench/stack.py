@@ -1,0 +1,54 @@
+"""The live stack's processes, shared by ``picker demo`` and ``picker bench bypass``: simulated servers and
+``picker serve``, each a child process (``procs.spawn``) that is stopped when its block exits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from picker.bench import procs
+
+__all__ = ["picker_serve", "sims"]
+
+
+@contextlib.asynccontextmanager
+async def sims(
+    ports: Sequence[int],
+    *,
+    num_gpu_blocks: int,
+    seed: int,
+    on_start: Callable[[procs.Child], None],
+    name: str = "sims",
+    extra: Sequence[str] = (),
+) -> AsyncIterator[procs.Child]:
+    """``picker sim`` (h100-8b) on ``ports``, one process; ready when every port answers /health."""
+    argv = [*procs.picker_command(), "sim", "--preset", "h100-8b", "--ports", ",".join(map(str, ports))]
+    argv += ["--num-gpu-blocks", str(num_gpu_blocks), "--seed", str(seed), *extra]
+    async with procs.spawn(name, argv, on_start=on_start) as child:
+        for port in ports:
+            await child.wait_http(f"http://127.0.0.1:{port}/health", 30.0)
+        yield child
+
+
+@contextlib.asynccontextmanager
+async def picker_serve(
+    ports: Sequence[int],
+    *,
+    scrape_interval: str,
+    on_start: Callable[[procs.Child], None],
+    config_file: str | None = None,
+) -> AsyncIterator[tuple[procs.Child, int]]:
+    """``picker serve`` (TLS, its built-in default unless ``config_file``) over the servers on ``ports``; yields
+    the child and its ext_proc port once it serves metrics and has scraped every server a few times."""
+    grpc, health, metrics = procs.free_port(), procs.free_port(), procs.free_port()
+    argv = [*procs.picker_command(), "serve", "--endpoints", ",".join(f"127.0.0.1:{p}" for p in ports)]
+    argv += ["--host", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-health-port", str(health)]
+    argv += ["--metrics-port", str(metrics), "--refresh-metrics-interval", scrape_interval]
+    argv += ["--grace-period", "0s", "--termination-grace", "2s", "--log-level", "warning"]
+    if config_file is not None:
+        argv += ["--config-file", config_file]
+    async with procs.spawn("picker", argv, on_start=on_start) as child:
+        await child.wait_http(f"http://127.0.0.1:{metrics}/metrics", 30.0)
+        await asyncio.sleep(0.3)  # a few scrapes: picker has seen every server
+        yield child, grpc

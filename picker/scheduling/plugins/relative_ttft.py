@@ -1,0 +1,155 @@
+"""relative-ttft-scorer (picker's): prefer endpoints that answer as fast as the rest of the pool.
+
+Type ``relative-ttft-scorer`` (Distribution). The slow-server case that request counters get wrong: a server
+running 2-3x slower than its peers (a throttled or failing GPU, a noisy neighbour, a longer context) looks like
+any other to a queue or in-flight count until its backlog has built up, and a cached prefix keeps sending it
+work. Latency-aware routers see it at once; this scorer is picker's view of it, from the responses it relays:
+
+* every response gives a time to first token ``t`` and the tokens the server had to prefill ``u`` (prompt minus
+  cached tokens from the response's usage; without usage, picker's own estimate at the pick);
+* requests are grouped by ``u`` into size classes (< 128, < 512, < 2048, < 8192, more tokens), and the pool's
+  typical TTFT of each class is a slow moving average ``ref[class]`` over all endpoints;
+* each response adds the sample ``t / ref[class]`` to its endpoint's last 16; the endpoint's slowness is their
+  median (1: as fast as the pool for the same work; queueing counts, an overloaded server is slow too). The
+  median, not a mean, so one response stuck behind a long prompt does not mark a server slow;
+* a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
+* an endpoint with no sample in the last ``memorySeconds`` has no slowness: it is tried again, not shunned.
+
+Score: with ``ref`` the median slowness of the candidates that have one (at least two are needed, else every
+candidate scores 1), ``1`` for an endpoint within ``(1 + tolerance) * ref`` or without samples, else
+``(1 + tolerance) * ref / slowness``: ordinary jitter changes nothing, a server twice as slow as the pool
+scores about 0.6.
+
+Parameters: ``tolerance`` 0.25 (≥ 0), ``memorySeconds`` 30 (> 0). Inputs: the PreRequest hook (picker's
+uncached-token estimate from a prefix plugin earlier in the cycle), the PostResponse hook (TTFT, usage), the clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import Field
+
+from picker.plugins import (
+    Category,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    PluginContext,
+    PluginParams,
+    ResponseInfo,
+    SchedulingResult,
+)
+from picker.scheduling.framework import Scorer
+from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
+from picker.scheduling.scores import ScoreVector
+from picker.scheduling.spec import PluginSpec
+
+__all__ = ["SPEC", "TYPE", "Params", "RelativeTtftScorer", "create", "size_class"]
+
+TYPE = "relative-ttft-scorer"
+_POOL_ALPHA = 0.05  # the pool's reference TTFT per size class moves slowly
+_WINDOW = 16  # samples kept per endpoint
+_CLASS_BOUNDS = (128, 512, 2048, 8192)  # prefilled tokens
+_MAX_PENDING = 65_536  # picks whose response never came back are forgotten past this many
+_NO_SAMPLE = -1.0  # marks a pick whose response must not count (LoRA adapter load)
+
+
+class Params(PluginParams):
+    tolerance: float = Field(default=0.25, ge=0.0)
+    memory_seconds: float = Field(default=30.0, gt=0.0)
+
+
+def size_class(prefilled_tokens: float) -> int:
+    """The size class of a request that made the server prefill this many tokens (0 ... 4)."""
+    for i, bound in enumerate(_CLASS_BOUNDS):
+        if prefilled_tokens < bound:
+            return i
+    return len(_CLASS_BOUNDS)
+
+
+@dataclass(slots=True)
+class _Samples:
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))  # TTFT / the pool's TTFT
+    last_at: float = 0.0
+
+
+class RelativeTtftScorer:
+    type: ClassVar[str] = TYPE
+    category: ClassVar[Category] = Category.DISTRIBUTION
+
+    def __init__(self, name: str, params: Params, ctx: PluginContext) -> None:
+        self.name = name
+        self.params = params
+        self._ctx = ctx
+        self._reference: list[float | None] = [None] * (len(_CLASS_BOUNDS) + 1)
+        self._samples: dict[str, _Samples] = {}
+        self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
+
+    def slowness(self, key: str) -> float | None:
+        """Endpoint ``key``'s median TTFT relative to the pool's, or None without a recent sample."""
+        s = self._samples.get(key)
+        if s is None or not s.ratios or self._ctx.clock() - s.last_at > self.params.memory_seconds:
+            return None
+        ordered = sorted(s.ratios)
+        return ordered[len(ordered) // 2]
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
+        if not self._samples:
+            return ScoreVector.constant(endpoints, 1.0)
+        slow = [self.slowness(e.key) for e in endpoints]
+        seen = sorted(x for x in slow if x is not None)
+        if len(seen) < 2:
+            return ScoreVector.constant(endpoints, 1.0)
+        limit = seen[len(seen) // 2] * (1.0 + self.params.tolerance)
+        return ScoreVector(endpoints, [1.0 if x is None or x <= limit else limit / x for x in slow])
+
+    def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
+        if not result.targets:
+            return
+        target = result.targets[0]
+        m = target.metrics
+        if (m.running_loras or m.waiting_loras) and req.lora_adapter not in m.running_loras:
+            tokens = _NO_SAMPLE
+        else:
+            match = result.cycle.get(MATCH_STATE) if result.cycle is not None else None
+            tokens = match.uncached_tokens(target.key) if isinstance(match, PrefixMatch) else float(req.prompt_tokens)
+        pending = self._expected_prefill
+        pending[req.request_id] = tokens
+        if len(pending) > _MAX_PENDING:
+            pending.popitem(last=False)
+
+    def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        expected = self._expected_prefill.pop(req.request_id, None)
+        if expected == _NO_SAMPLE:
+            return
+        if info.ttft_s is None or info.ttft_s <= 0.0 or (info.status is not None and info.status != 200):
+            return
+        if info.prompt_tokens is not None and info.cached_tokens is not None:
+            prefilled = float(info.prompt_tokens - info.cached_tokens)
+        elif expected is not None:
+            prefilled = expected
+        else:
+            prefilled = float(req.prompt_tokens)
+        cls = size_class(prefilled)
+        ref = self._reference[cls]
+        self._reference[cls] = info.ttft_s if ref is None else ref + _POOL_ALPHA * (info.ttft_s - ref)
+        if ref is None:
+            return  # the first response of a class only sets the pool's reference
+        samples = self._samples.setdefault(info.endpoint_key, _Samples())
+        samples.ratios.append(info.ttft_s / ref)
+        samples.last_at = self._ctx.clock()
+
+    def endpoints_changed(self, keys: frozenset[str]) -> None:
+        for key in [k for k in self._samples if k not in keys]:
+            del self._samples[key]
+
+
+def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
+    return RelativeTtftScorer(name, params, ctx)
+
+
+SPEC = PluginSpec(TYPE, Params, create)

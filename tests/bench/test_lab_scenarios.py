@@ -1,0 +1,113 @@
+"""The lab's scenarios: traffic that bypasses the routers, independent replicas, restarts, slow engines."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from picker.bench import workloads as wl
+from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
+from picker.bench.policies import Pick, RoundRobin
+from picker.bench.report import summarize
+from picker.endpoints.model import Endpoint
+from picker.request.model import InferenceRequest
+from picker.scheduling.framework import PluginContext
+from picker.sim.config import preset
+
+ENGINE = preset("h100-8b", num_gpu_blocks=256)
+
+
+def short_requests(n: int, rate: float, seed: int = 0) -> list[tuple[float, wl.WorkItem]]:
+    return poisson_schedule(wl.fixed_lengths(prompt_len=64, output_len=16, seed=seed), rate, n, seed)
+
+
+def shared_prefix(n: int, rate: float, seed: int = 0) -> list[tuple[float, wl.WorkItem]]:
+    workload = wl.shared_prefix(
+        num_groups=8, prompts_per_group=8, system_prompt_len=1024, question_len=32, output_len=16, seed=seed
+    )
+    return poisson_schedule(workload, rate, n, seed)
+
+
+def test_the_plain_scenario_is_the_lab_as_it_was() -> None:
+    arrivals = short_requests(60, 20.0)
+    a = run_lab(LabConfig(ENGINE, engines=4), "lc", arrivals)
+    b = run_lab(LabConfig(ENGINE, engines=4, scenario=Scenario(replicas=1)), "lc", arrivals)
+    assert [r.ttft_s for r in a.result.records] == [r.ttft_s for r in b.result.records]
+    assert b.external is None
+
+
+def test_external_traffic_reaches_the_engines_without_a_router() -> None:
+    arrivals = short_requests(400, 40.0)
+    run = run_lab(LabConfig(ENGINE, engines=4, scenario=Scenario(external_share=0.3)), "rr", arrivals)
+    assert run.external is not None
+    routed, bypass = len(run.result.records), len(run.external.records)
+    assert routed + bypass == 400
+    assert 0.22 < bypass / 400 < 0.38
+    assert all(r.ok for r in run.external.records)
+    assert sum(e.requests for e in run.engines) == routed  # the engines' "routed" counts only the routers'
+    assert len(Counter(r.backend for r in run.external.records)) == 4  # uniform: every engine gets some
+
+
+def test_skewed_external_traffic_all_lands_on_one_engine() -> None:
+    scenario = Scenario(external_share=0.5, external_target=2)
+    run = run_lab(LabConfig(ENGINE, engines=4, scenario=scenario), "rr", short_requests(100, 20.0))
+    assert run.external is not None
+    assert {r.backend for r in run.external.records} == {"sim-2"}
+
+
+def test_replicas_keep_separate_ledgers_and_share_the_requests() -> None:
+    ledgers: list[PluginContext] = []
+
+    class Recorder(RoundRobin):
+        def __init__(self, ctx: PluginContext) -> None:
+            super().__init__(ctx)
+            ledgers.append(ctx)
+
+        def pick(self, req: InferenceRequest, candidates: tuple[Endpoint, ...]) -> Pick:  # type: ignore[override]
+            return super().pick(req, candidates)
+
+    run = run_lab(LabConfig(ENGINE, engines=4, scenario=Scenario(replicas=3)), Recorder, short_requests(90, 30.0))
+    assert len(ledgers) == 3
+    assert len({id(c.inflight) for c in ledgers}) == 3
+    assert summarize(run.result).ok == 90
+    # Three round-robin routers, each starting at the first engine: the spread is no longer perfectly even.
+    assert Counter(r.backend for r in run.result.records) != Counter({f"sim-{i}": 90 // 4 for i in range(4)})
+
+
+def test_a_restart_starts_every_router_afresh_and_loses_no_request() -> None:
+    made: list[PluginContext] = []
+
+    def factory(ctx: PluginContext) -> RoundRobin:
+        made.append(ctx)
+        return RoundRobin(ctx)
+
+    arrivals = short_requests(200, 40.0)
+    scenario = Scenario(replicas=2, restart_at_s=arrivals[100][0])
+    run = run_lab(LabConfig(ENGINE, engines=4, scenario=scenario), factory, arrivals)
+    assert len(made) == 4  # two routers, twice
+    assert summarize(run.result).ok == 200
+    for ctx in made:  # every lease taken was given back, before or after the restart
+        assert all(ctx.inflight.requests(f"10.0.0.{i}:8000") == 0 for i in range(1, 5))
+
+
+def test_a_slow_engine_takes_longer_for_the_same_work() -> None:
+    arrivals = short_requests(80, 10.0)
+    run = run_lab(LabConfig(ENGINE, engines=2, scenario=Scenario(slowdowns=(2.5,))), "rr", arrivals)
+    names = ("sim-0", "sim-1")
+    ttft = {n: [r.ttft_s for r in run.result.records if r.backend == n and r.ttft_s] for n in names}
+    slow, fast = (sorted(ttft[n])[len(ttft[n]) // 2] for n in names)
+    # Its steps take 2.5x as long; a new request also waits longer for the step in progress to end.
+    assert 2.3 < slow / fast < 3.5
+
+
+def test_pickers_default_moves_off_an_engine_that_outside_traffic_overloads() -> None:
+    # Half of the traffic goes straight to sim-0. The previous default (picker's own ledger only) keeps sending
+    # it its share; the default, which reads what the servers report, sends it much less.
+    arrivals = shared_prefix(600, 60.0)
+    config = LabConfig(ENGINE, engines=4, scenario=Scenario(external_share=0.5, external_target=0))
+    shares, p90 = {}, {}
+    for policy in ("picker-v1", "picker"):
+        run = run_lab(config, policy, arrivals)
+        shares[policy] = Counter(r.backend for r in run.result.records)["sim-0"] / len(run.result.records)
+        p90[policy] = summarize(run.result).ttft_s.p90
+    assert shares["picker"] < 0.5 * shares["picker-v1"], shares
+    assert p90["picker"] < 0.8 * p90["picker-v1"], p90

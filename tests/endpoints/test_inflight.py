@@ -1,0 +1,20 @@
+"""picker's own ledger: leases, the request-size averages."""
+
+from __future__ import annotations
+
+import pytest
+
+from picker.endpoints.inflight import DEFAULT_DECODE_TOKENS, DEFAULT_REQUEST_TOKENS, InflightTracker
+
+
+def test_request_size_averages_start_at_defaults_then_follow_what_picker_routes() -> None:
+    t = InflightTracker()
+    assert (t.request_tokens, t.decode_tokens) == (DEFAULT_REQUEST_TOKENS, DEFAULT_DECODE_TOKENS)
+    lease = t.acquire("a:1", 2112, 0.0)  # 2048 prompt + 64 answer
+    assert t.request_tokens == 2112
+    t.prefilled(lease, 2048)
+    assert t.decode_tokens == 64
+    for _ in range(200):
+        t.prefilled(t.acquire("a:1", 600, 0.0), 500)
+    assert t.request_tokens == pytest.approx(600, rel=1e-3)
+    assert t.decode_tokens == pytest.approx(100, rel=1e-3)

@@ -1,0 +1,71 @@
+"""The server's last report corrected by picker's own sends since (endpoints.serverload)."""
+
+from __future__ import annotations
+
+import pytest
+
+from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.serverload import ServerLoad, estimate
+from tests.conftest import endpoint
+
+NOW = 1000.0
+
+
+def test_only_picker_sends_traffic_the_estimate_is_the_ledger() -> None:
+    # At the sample the server had 3 requests, all picker's; since, picker sent 2 more and saw 1 finish.
+    ep = endpoint(1, waiting=0, running=3, own_requests=3, updated_at=NOW - 0.05)
+    inflight = InflightTracker()
+    for _ in range(4):
+        inflight.acquire(ep.key, 100, NOW)
+    load = estimate(ep, inflight.load(ep.key), NOW)
+    assert load.fresh
+    assert load.foreign_requests == 0.0
+    assert load.requests == 4
+    assert load.tokens(1000.0, 50.0) == 400
+
+
+def test_traffic_picker_did_not_send_counts_at_the_weight_of_its_own_requests() -> None:
+    # 10 waiting + 6 running reported, of which 2 were picker's: 14 foreign, split 10:6 like the report.
+    ep = endpoint(1, waiting=10, running=6, own_requests=2, updated_at=NOW - 0.05)
+    inflight = InflightTracker()
+    inflight.acquire(ep.key, 300, NOW)
+    load = estimate(ep, inflight.load(ep.key), NOW)
+    assert load.foreign_requests == pytest.approx(14.0)
+    assert load.foreign_waiting == pytest.approx(14.0 * 10 / 16)
+    assert load.foreign_running == pytest.approx(14.0 * 6 / 16)
+    assert load.requests == pytest.approx(15.0)  # picker's 1 now + 14 foreign
+    assert load.tokens(1000.0, 50.0) == pytest.approx(300 + 8.75 * 1000 + 5.25 * 50)
+
+
+def test_a_restarted_picker_sees_the_queues_it_did_not_fill() -> None:
+    ep = endpoint(1, waiting=4, running=20, own_requests=0)
+    load = estimate(ep, InflightTracker().load(ep.key), NOW)
+    assert (load.own_requests, load.foreign_requests) == (0, 24.0)
+
+
+def test_requests_in_transit_never_make_the_foreign_load_negative() -> None:
+    # picker had sent 5 that the server had not counted yet (in transit): no foreign load, and the ledger stands.
+    ep = endpoint(1, waiting=0, running=2, own_requests=5)
+    inflight = InflightTracker()
+    for _ in range(5):
+        inflight.acquire(ep.key, 10, NOW)
+    load = estimate(ep, inflight.load(ep.key), NOW)
+    assert load == ServerLoad(5, 50, 0.0, 0.0, 0.0, fresh=True)
+
+
+def test_without_a_noted_ledger_the_current_ledger_stands_in() -> None:
+    ep = endpoint(1, waiting=1, running=4, own_requests=None)
+    inflight = InflightTracker()
+    inflight.acquire(ep.key, 10, NOW)
+    inflight.acquire(ep.key, 10, NOW)
+    assert estimate(ep, inflight.load(ep.key), NOW).foreign_requests == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("age", [2.5, 60.0])
+def test_stale_or_missing_samples_leave_the_ledger_alone(age: float) -> None:
+    ep = endpoint(1, waiting=50, running=50, own_requests=0, kv=0.9, updated_at=NOW - age)
+    load = estimate(ep, InflightTracker().load(ep.key), NOW, max_age_s=2.0)
+    assert not load.fresh
+    assert (load.foreign_requests, load.kv_usage) == (0.0, 0.0)
+    never = endpoint(2, waiting=50, updated_at=0.0)
+    assert not estimate(never, InflightTracker().load(never.key), NOW).fresh
