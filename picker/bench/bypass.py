@@ -48,7 +48,7 @@ class BypassPlan:
     duration_s: float = 20.0  # gateway load per phase
     warmup_s: float = 3.0  # the bypassing client runs alone first: server-2 is busy when the gateway load starts
     gateway_rate: float = 6.0
-    bypass_rate: float = 8.0
+    bypass_rate: float = 12.0  # server-2 alone is past its capacity: its queue grows (8: busy, no queue)
     num_gpu_blocks: int = 2048
     seed: int = 0
     scrape_interval: str = "50ms"

@@ -45,9 +45,7 @@ def build_messages(headers: Mapping[str, str], body: bytes) -> list[pb.Processin
     for start in range(0, len(body), CHUNK_BYTES):
         chunk = body[start : start + CHUNK_BYTES]
         messages.append(
-            pb.ProcessingRequest(
-                request_body=pb.HttpBody(body=chunk, end_of_stream=start + CHUNK_BYTES >= len(body))
-            )
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=start + CHUNK_BYTES >= len(body)))
         )
     return messages
 

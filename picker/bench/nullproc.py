@@ -51,9 +51,7 @@ def _headers_response() -> pb.ProcessingResponse:
     )
     return pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(
-            response=pb.CommonResponse(
-                clear_route_cache=True, header_mutation=pb.HeaderMutation(set_headers=[header])
-            )
+            response=pb.CommonResponse(clear_route_cache=True, header_mutation=pb.HeaderMutation(set_headers=[header]))
         )
     )
 

@@ -44,8 +44,7 @@ class EndpointStore:
         if not updates:
             return self._snapshot
         eps = tuple(
-            dataclasses.replace(e, metrics=updates[e.key]) if e.key in updates else e
-            for e in self._snapshot.endpoints
+            dataclasses.replace(e, metrics=updates[e.key]) if e.key in updates else e for e in self._snapshot.endpoints
         )
         return self._publish(eps, synced=self._snapshot.synced)
 

@@ -129,4 +129,3 @@ class ResponseHeaders(Protocol):
     (e.g. session affinity's ``x-session-token``). Needs a gateway that sends response headers to picker."""
 
     def response_headers(self, endpoint: Endpoint) -> Mapping[str, str]: ...
-

@@ -53,7 +53,7 @@ async def stack(
         "--refresh-metrics-interval",
         "50ms",
         # The reference default's queue / KV scoring: these tests route by the backends' scraped queues alone;
-        # picker's built-in default also weighs prefix affinity and TTFT (tests/extproc/test_default_follows_servers.py).
+        # picker's built-in default also weighs prefix affinity and TTFT (test_default_follows_servers.py).
         "--config-text",
         REFERENCE_CONFIG_TEXT,
     ]

@@ -21,10 +21,11 @@ def test_default_sends_gateway_traffic_away_from_a_server_busy_with_bypassing_lo
     results = {r.label: r for r in asyncio.run(bypass.run_phases(plan, envoy.envoy_binary()))}
     previous, default = results["picker-v1"], results["default"]
     for r in (previous, default):
-        assert r.gateway.failed == 0 and r.bypass.failed == 0
+        assert r.gateway.failed == 0
+        assert r.bypass.failed == 0
         assert r.gateway.ok >= 0.8 * plan.gateway_rate * plan.duration_s
     # Blind to the bypass, the previous default splits the gateway's requests about evenly.
-    assert previous.shares["server-1"] < 0.7, previous.shares
-    # The default follows what server-2 reports and keeps most of them off it, and they start sooner.
-    assert default.shares["server-1"] > 0.8, default.shares
-    assert default.gateway.ttft_s.p50 < previous.gateway.ttft_s.p50
+    assert previous.shares["server-1"] < 0.65, previous.shares
+    # The default follows server-2's growing queue and keeps most of them off it: their tail is far shorter.
+    assert default.shares["server-1"] > 0.7, default.shares
+    assert default.gateway.ttft_s.p90 < 0.5 * previous.gateway.ttft_s.p90

@@ -364,9 +364,7 @@ async def test_each_sample_notes_pickers_own_requests_once_its_page_arrived(back
     store = EndpointStore()
     store.set_endpoints([e])
     served = backend.served_at
-    task = asyncio.create_task(
-        poller.run(store=store, settings=FAST, clock=time.monotonic, own_requests=own_requests)
-    )
+    task = asyncio.create_task(poller.run(store=store, settings=FAST, clock=time.monotonic, own_requests=own_requests))
     try:
         await until(lambda: len(calls) >= 3)
     finally:

@@ -15,8 +15,9 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
 * an endpoint with no sample in the last ``memorySeconds`` has no slowness: it is tried again, not shunned.
 
-Score: with ``ref`` the median slowness of the candidates that have one (at least two are needed, else every
-candidate scores 1), ``1`` for an endpoint within ``(1 + tolerance) * ref`` or without samples, else
+Score: with ``ref`` the median slowness of the candidates that have one (the lower median for an even count,
+so that in a pool of two the slower is compared with the faster; at least two are needed, else every candidate
+scores 1), ``1`` for an endpoint within ``(1 + tolerance) * ref`` or without samples, else
 ``(1 + tolerance) * ref / slowness``: ordinary jitter changes nothing, a server twice as slow as the pool
 scores about 0.6.
 
@@ -104,7 +105,7 @@ class RelativeTtftScorer:
         seen = sorted(x for x in slow if x is not None)
         if len(seen) < 2:
             return ScoreVector.constant(endpoints, 1.0)
-        limit = seen[len(seen) // 2] * (1.0 + self.params.tolerance)
+        limit = seen[(len(seen) - 1) // 2] * (1.0 + self.params.tolerance)
         return ScoreVector(endpoints, [1.0 if x is None or x <= limit else limit / x for x in slow])
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:

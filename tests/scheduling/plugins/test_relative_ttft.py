@@ -1,0 +1,113 @@
+"""relative-ttft-scorer: a server slower than the pool for the same work scores lower; jitter, LoRA loads and old
+observations change nothing."""
+
+from __future__ import annotations
+
+import itertools
+
+from picker.endpoints.model import Endpoint
+from picker.plugins import CycleState, ResponseInfo, SchedulingResult
+from picker.scheduling.plugins.relative_ttft import Params, RelativeTtftScorer, size_class
+from tests.conftest import FakeClock, endpoint, request
+from tests.scheduling.helpers import by_key, ctx
+
+_ids = itertools.count()
+
+
+def make(**params: float) -> tuple[RelativeTtftScorer, FakeClock]:
+    c = ctx()
+    assert isinstance(c.clock, FakeClock)
+    return RelativeTtftScorer("relative-ttft-scorer", Params(**params), c), c.clock
+
+
+def respond(scorer: RelativeTtftScorer, target: Endpoint, ttft_s: float, *, prompt: int = 300, lora: str = "") -> None:
+    req = request(model=lora or "my-model", request_id=f"r{next(_ids)}", prompt_tokens=prompt)
+    result = SchedulingResult(targets=(target,), primary_profile="default", runs=(), profile_results={})
+    scorer.pre_request(req, result)
+    info = ResponseInfo(target.key, status=200, prompt_tokens=prompt, cached_tokens=0, ttft_s=ttft_s)
+    scorer.post_response(req, info)
+
+
+def scores(scorer: RelativeTtftScorer, endpoints: list[Endpoint]) -> dict[str, float]:
+    return by_key(scorer.score(request(), endpoints, CycleState()))
+
+
+def test_size_classes() -> None:
+    assert [size_class(n) for n in (0, 127, 128, 600, 2047, 5000, 9000)] == [0, 0, 1, 2, 2, 3, 4]
+
+
+def test_a_slow_server_scores_in_proportion_and_fast_ones_all_score_one() -> None:
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3, 4)]
+    for _ in range(10):
+        for e, ttft in zip(eps, (0.10, 0.11, 0.105, 0.30), strict=True):
+            respond(scorer, e, ttft)
+    s = scores(scorer, eps)
+    assert s["192.168.1.1:8000"] == s["192.168.1.2:8000"] == s["192.168.1.3:8000"] == 1.0
+    assert 0.35 < s["192.168.1.4:8000"] < 0.55  # ~3x slower than the pool's median, 1.25x tolerated
+
+
+def test_two_servers_compare_against_the_faster() -> None:
+    # With an even count the reference is the lower median: in a pool of two the slow one is still seen.
+    scorer, _ = make()
+    fast, slow = endpoint(1), endpoint(2)
+    for _ in range(8):
+        respond(scorer, fast, 0.1)
+        respond(scorer, slow, 0.25)
+    s = scores(scorer, [fast, slow])
+    assert s[fast.key] == 1.0
+    assert 0.4 < s[slow.key] < 0.6
+
+
+def test_different_prompt_sizes_are_compared_within_their_class() -> None:
+    # Server 2 only gets long prompts, which take longer everywhere: it is not slow for that.
+    scorer, _ = make()
+    a, b, c = endpoint(1), endpoint(2), endpoint(3)
+    for _ in range(10):
+        respond(scorer, a, 0.10, prompt=300)
+        respond(scorer, c, 0.10, prompt=300)
+        respond(scorer, a, 0.50, prompt=4000)
+        respond(scorer, b, 0.50, prompt=4000)
+    assert set(scores(scorer, [a, b, c]).values()) == {1.0}
+
+
+def test_jitter_within_the_tolerance_changes_nothing() -> None:
+    scorer, _ = make(tolerance=0.25)
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    for _ in range(10):
+        for e, ttft in zip(eps, (0.10, 0.115, 0.12), strict=True):
+            respond(scorer, e, ttft)
+    assert set(scores(scorer, eps).values()) == {1.0}
+
+
+def test_a_lora_load_is_no_sample() -> None:
+    scorer, _ = make()
+    a, b = endpoint(1, loras=("x",)), endpoint(2, loras=("x",))
+    for _ in range(8):
+        respond(scorer, a, 0.1, lora="x")
+        respond(scorer, b, 0.1, lora="x")
+        respond(scorer, b, 2.0, lora="y")  # "y" is not loaded on b: the wait is the adapter's load
+    assert set(scores(scorer, [a, b]).values()) == {1.0}
+
+
+def test_old_observations_are_forgotten_and_departed_endpoints_dropped() -> None:
+    scorer, clock = make(memory_seconds=30.0)
+    fast, slow = endpoint(1), endpoint(2)
+    for _ in range(8):
+        respond(scorer, fast, 0.1)
+        respond(scorer, slow, 0.3)
+    assert scores(scorer, [fast, slow])[slow.key] < 1.0
+    clock.advance(31.0)
+    assert scores(scorer, [fast, slow])[slow.key] == 1.0  # tried again, not shunned for ever
+    clock.advance(-31.0)
+    scorer.endpoints_changed(frozenset({fast.key}))
+    assert scorer.slowness(slow.key) is None
+
+
+def test_without_two_observed_candidates_everyone_scores_one() -> None:
+    scorer, _ = make()
+    a, b = endpoint(1), endpoint(2)
+    assert set(scores(scorer, [a, b]).values()) == {1.0}
+    for _ in range(5):
+        respond(scorer, a, 0.5)
+    assert set(scores(scorer, [a, b]).values()) == {1.0}
