@@ -15,11 +15,10 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
 * an endpoint with no sample in the last ``memorySeconds`` has no slowness: it is tried again, not shunned.
 
-Score: with ``ref`` the median slowness of the candidates that have one (the lower median for an even count,
-so that in a pool of two the slower is compared with the faster; at least two are needed, else every candidate
-scores 1), ``1`` for an endpoint within ``(1 + tolerance) * ref`` or without samples, else
-``(1 + tolerance) * ref / slowness``: ordinary jitter changes nothing, a server twice as slow as the pool
-scores about 0.6.
+Score: with ``ref`` the median slowness of the candidates that have one (the upper median for an even count;
+with only two, the faster of them; at least two are needed, else every candidate scores 1), ``1`` for an
+endpoint within ``(1 + tolerance) * ref`` or without samples, else ``(1 + tolerance) * ref / slowness``:
+ordinary jitter changes nothing, a server twice as slow as the pool scores about 0.6.
 
 Parameters: ``tolerance`` 0.25 (≥ 0), ``memorySeconds`` 30 (> 0). Inputs: the PreRequest hook (picker's
 uncached-token estimate from a prefix plugin earlier in the cycle), the PostResponse hook (TTFT, usage), the clock.
@@ -105,7 +104,10 @@ class RelativeTtftScorer:
         seen = sorted(x for x in slow if x is not None)
         if len(seen) < 2:
             return ScoreVector.constant(endpoints, 1.0)
-        limit = seen[(len(seen) - 1) // 2] * (1.0 + self.params.tolerance)
+        # The median, the upper one for an even count: a server is slow only when most of the pool is faster.
+        # With two servers the upper median is the slower one itself, so the faster is the reference there.
+        reference = seen[len(seen) // 2] if len(seen) > 2 else seen[0]
+        limit = reference * (1.0 + self.params.tolerance)
         return ScoreVector(endpoints, [1.0 if x is None or x <= limit else limit / x for x in slow])
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:

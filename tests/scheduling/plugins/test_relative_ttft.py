@@ -48,7 +48,7 @@ def test_a_slow_server_scores_in_proportion_and_fast_ones_all_score_one() -> Non
 
 
 def test_two_servers_compare_against_the_faster() -> None:
-    # With an even count the reference is the lower median: in a pool of two the slow one is still seen.
+    # In a pool of two the reference is the faster (the upper median would be the slow one itself).
     scorer, _ = make()
     fast, slow = endpoint(1), endpoint(2)
     for _ in range(8):
@@ -69,6 +69,19 @@ def test_different_prompt_sizes_are_compared_within_their_class() -> None:
         respond(scorer, a, 0.50, prompt=4000)
         respond(scorer, b, 0.50, prompt=4000)
     assert set(scores(scorer, [a, b, c]).values()) == {1.0}
+
+
+def test_in_a_larger_pool_a_server_is_slow_only_when_most_are_faster() -> None:
+    # Four servers, two of them 1.5x slower: half the pool is not "most", so nobody is marked slow ...
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3, 4)]
+    for _ in range(10):
+        for e, ttft in zip(eps, (0.10, 0.10, 0.15, 0.15), strict=True):
+            respond(scorer, e, ttft)
+    assert set(scores(scorer, eps).values()) == {1.0}
+    # ... while one 1.5x slower server of three is.
+    assert scores(scorer, eps[1:])[eps[3].key] == 1.0
+    assert scores(scorer, [eps[0], eps[1], eps[3]])[eps[3].key] < 1.0
 
 
 def test_jitter_within_the_tolerance_changes_nothing() -> None:
