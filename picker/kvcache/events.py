@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, TypeAlias
 import msgpack
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "TOPIC_PREFIX",
     "AllBlocksCleared",
     "BlockRemoved",
@@ -68,6 +69,9 @@ class Limits:
     max_hashes: int = 65536  # block hashes per event
     max_tokens: int = 1 << 20  # token ids per event
     max_name_chars: int = 1024  # topic, model, adapter, medium
+
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +118,7 @@ class Topic(NamedTuple):
         return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
 
-def parse_topic(frame: bytes, limits: Limits = Limits()) -> Topic:
+def parse_topic(frame: bytes, limits: Limits = DEFAULT_LIMITS) -> Topic:
     """``kv@<ip>:<port>@<model>`` (or ``kv@<ip>@<model>``); the model may itself contain ``@``."""
     if len(frame) > limits.max_name_chars:
         raise MalformedEvent("topic", "too long")
@@ -157,7 +161,7 @@ def decode_sequence(frame: bytes) -> int:
     return int.from_bytes(frame, "big")
 
 
-def decode_batch(payload: bytes, limits: Limits = Limits()) -> EventBatch:
+def decode_batch(payload: bytes, limits: Limits = DEFAULT_LIMITS) -> EventBatch:
     """The batch in ``payload``; raises ``MalformedEvent``."""
     if len(payload) > limits.max_payload_bytes:
         raise MalformedEvent("size", f"{len(payload)} bytes")
