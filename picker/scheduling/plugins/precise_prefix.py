@@ -141,7 +141,7 @@ class Params(PluginParams):
     kv_events_config: KVEventsConfig = Field(default_factory=KVEventsConfig)
     indexer_config: IndexerConfig = Field(default_factory=IndexerConfig)
     speculative_indexing: bool = False
-    speculative_ttl: float = 2.0
+    speculative_ttl: float = Field(default=2.0, alias="speculativeTTL")
     # picker's
     auto_tune: bool = True
     max_prefix_blocks_to_match: int = Field(default=512, ge=1)
