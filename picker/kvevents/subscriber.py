@@ -76,11 +76,13 @@ class KVEventSubscriber:
         self._connected: dict[str, str] = {}  # endpoint key → publisher address
         self._replay_addresses: dict[str, str] = {}
         self._keys: frozenset[str] | None = None
+        self._store: EndpointStore | None = None
         self.bound_port: int | None = None  # central mode, after start
 
     # -- lifecycle --------------------------------------------------------------------------------------------
 
     def start(self) -> zmq.asyncio.Socket:
+        """Open (and in central mode bind) the socket; raises ``zmq.ZMQError`` (e.g. the address is in use)."""
         s = self.settings
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, s.queue_size)
@@ -96,15 +98,23 @@ class KVEventSubscriber:
         return sock
 
     def close(self) -> None:
+        """Close the socket (``run`` opens a new one if it runs again)."""
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+        self._connected.clear()
+        self._keys = None
+
+    def terminate(self) -> None:
+        self.close()
         self._ctx.term()
 
     async def run(self, *, store: EndpointStore) -> None:
         """Follow ``store``'s membership and apply events until cancelled."""
         sock = self._sock or self.start()
-        store.subscribe(self.on_snapshot)
+        if self._store is not store:
+            self._store = store
+            store.subscribe(self.on_snapshot)
         self.on_snapshot(store.current())
         try:
             n = 0

@@ -71,6 +71,9 @@ class KVCollector(Collector):
     def __init__(self, sample: Callable[[], KVSample]) -> None:
         self._sample = sample
 
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        return iter(())  # computed lazily; nothing to check at registration (as the pool collector)
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._sample()
         messages = CounterMetricFamily(
