@@ -61,9 +61,10 @@ def block_keys(tokens: Sequence[int], block_size: int, parent: int, max_blocks: 
     if n <= 0:
         return []
     try:
-        data = tokens.tobytes() if isinstance(tokens, array) and tokens.typecode == "I" else None
-        if data is None:
-            data = array("I", tokens[: n * block_size]).tobytes()
+        if isinstance(tokens, array) and tokens.typecode == "I":
+            data = memoryview(tokens).cast("B")
+        else:
+            data = memoryview(array("I", tokens[: n * block_size])).cast("B")
     except (OverflowError, TypeError) as exc:
         raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]") from exc
     step = 4 * block_size

@@ -1,4 +1,5 @@
 import contextlib
+from array import array
 
 import msgpack
 import pytest
@@ -27,14 +28,14 @@ def test_array_encoding_all_tags() -> None:
     assert batch.ts == 1.5
     assert batch.dp_rank == 0
     first, second, third = batch.events
-    assert first == BlockStored((1, 5), None, list(range(32)), 16, None, "gpu")
+    assert first == BlockStored((1, 5), None, array("I", range(32)), 16, None, "gpu")
     assert second == BlockRemoved((1,), "cpu")
     assert third == AllBlocksCleared()
 
 
 def test_short_array_events_as_sglang_sends_them() -> None:
     batch = decode_batch(pack([["BlockStored", [7], 3, [1] * 16, 16], ["BlockRemoved", [7]]], rank=None))
-    assert batch.events == (BlockStored((7,), 3, [1] * 16, 16), BlockRemoved((7,)))
+    assert batch.events == (BlockStored((7,), 3, array("I", [1] * 16), 16), BlockRemoved((7,)))
     assert batch.dp_rank is None
 
 
@@ -53,7 +54,7 @@ def test_map_encoding() -> None:
         {"type": "AllBlocksCleared"},
     ]
     batch = decode_batch(pack(events))
-    assert batch.events[0] == BlockStored((2**64 - 1,), None, [4] * 16, 16, "ad", "cpu")
+    assert batch.events[0] == BlockStored((2**64 - 1,), None, array("I", [4] * 16), 16, "ad", "cpu")
     assert batch.events[1] == BlockRemoved((9,), "gpu")
     assert batch.events[2] == AllBlocksCleared()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from array import array
 
 import msgpack
 import pytest
@@ -100,7 +101,7 @@ async def test_publisher_wire_format_and_replay() -> None:
         first_seen = decode_sequence(seq)
         batch = decode_batch(payload)
         # batches of 2: [stored, removed], then [cleared]
-        first = (BlockStored((1, 2), None, list(range(32)), 16), BlockRemoved((1,)))
+        first = (BlockStored((1, 2), None, array("I", range(32)), 16), BlockRemoved((1,)))
         assert batch.events == (first if first_seen % 2 == 0 else (AllBlocksCleared(),))
         # Replay from 0: every buffered batch in order, then the end marker.
         dealer = ctx.socket(zmq.DEALER)
