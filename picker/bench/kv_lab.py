@@ -13,7 +13,8 @@ that caused them), ``approximate`` (prefix-cache-scorer in its place) and ``none
 
 Reported per cell, averaged over ``--seeds``: TTFT p90 and mean, the prefix-cache hit rate (cached ÷ prompt
 tokens, from the engines' own usage), output tokens/s (completed output ÷ the run's length), and precise's
-TTFT p90 change against approximate.
+TTFT p90 change against approximate. ``--external-share`` sends that share of the arrivals straight to a random
+server, bypassing every picker (``Scenario.external_share``); the table then covers the routed requests.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--prompts-per-group", type=int, default=5)
     parser.add_argument("--kv-event-delay", type=float, default=0.005, help="seconds (default 0.005)")
+    parser.add_argument(
+        "--external-share", type=float, default=0.0, help="share of requests sent straight to a server (default 0)"
+    )
     parser.add_argument("--configs-dir", type=Path, default=EXAMPLES, help="where precise/approximate/none.yaml are")
     parser.add_argument("--json", type=Path, help="write every cell")
 
@@ -86,9 +90,8 @@ def run_cell(args: argparse.Namespace, ratio: float, replicas: int, seeds: list[
     fleet_tokens = args.engines * args.num_gpu_blocks * 16
     groups = max(1, round(ratio * fleet_tokens / args.system_len))
     engine = preset("h100-8b", num_gpu_blocks=args.num_gpu_blocks)
-    lab = LabConfig(
-        engine, engines=args.engines, scenario=Scenario(replicas=replicas), kv_event_delay_s=args.kv_event_delay
-    )
+    scenario = Scenario(replicas=replicas, external_share=args.external_share)
+    lab = LabConfig(engine, engines=args.engines, scenario=scenario, kv_event_delay_s=args.kv_event_delay)
     per_config: dict[str, list[tuple[float, float, float, float, int, int]]] = {c: [] for c in CONFIGS}
     for seed in seeds:
         workload = workloads.shared_prefix(
