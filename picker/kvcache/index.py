@@ -162,8 +162,24 @@ class KVBlockIndex:
             holders = holders_of.get(key)
             if holders is None:
                 break
+            if type(holders) is int:  # one holder (the common case): every other run ends here
+                slot = holders >> _SLOT_SHIFT
+                total = active.get(slot)
+                w = weight[holders & _MASK]
+                if total is None or w <= 0.0:
+                    break
+                if len(active) > 1:
+                    for s, v in active.items():
+                        if s != slot:
+                            done[s] = v
+                    active = {slot: total + w}
+                else:
+                    active[slot] = total + w
+                continue
+            assert isinstance(holders, dict)
             for slot in list(active):
-                w = weight[_mask_of(holders, slot)]
+                m = holders.get(slot)
+                w = weight[m] if m is not None else 0.0
                 if w > 0.0:
                     active[slot] += w
                 else:  # its run ends here; the others go on
