@@ -533,6 +533,7 @@ def _precise_path(config: SchedulerConfig) -> _PrecisePath | None:
     producers = config.configured(token_producer.KIND)
     params = producers[0].params if producers else token_producer.Params()
     assert isinstance(params, token_producer.Params)
+    tokens = ServerTokenSource(params)  # first: a bad localTokenizer is a ConfigError before any socket opens
     events = scorers[0].params.kv_events_config
     ingestor = Ingestor([s.index for s in scorers])
     subscriber = KVEventSubscriber(
@@ -551,7 +552,7 @@ def _precise_path(config: SchedulerConfig) -> _PrecisePath | None:
     except zmq.ZMQError as exc:
         subscriber.terminate()
         raise errors.ConfigError(f"kv events: cannot bind {events.zmq_endpoint!r}: {exc}") from exc
-    return _PrecisePath(subscriber, ingestor, ServerTokenSource(params))
+    return _PrecisePath(subscriber, ingestor, tokens)
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -5,7 +5,9 @@ it, or None (fail open: the precise scorer then scores with its approximate fall
 
 1. a completions ``prompt`` that already *is* token ids (a list of ints) is used as is;
 2. an LRU cache of (target model, API, prompt) → ids (``cacheSize``; shared-prefix traffic repeats prompts);
-3. ``POST /tokenize`` (vLLM: ``{"model", "prompt"}`` or ``{"model", "messages", "add_generation_prompt": true}``,
+3. with ``localTokenizer.path``, a completions prompt is tokenised in picker (HuggingFace ``tokenizers``, in a
+   worker thread so the event loop never waits on it, within ``vllm.timeout``);
+4. ``POST /tokenize`` (vLLM: ``{"model", "prompt"}`` or ``{"model", "messages", "add_generation_prompt": true}``,
    which applies the chat template) or, with ``api: render``, ``POST /v1/completions/render`` /
    ``/v1/chat/completions/render`` (the request body itself; answers carrying ``token_ids`` or
    ``prompt_token_ids``), on the configured ``vllm.http`` server, else on one of the candidates (chosen by the
@@ -28,6 +30,7 @@ import aiohttp
 import orjson
 import xxhash
 
+from picker import errors
 from picker.endpoints.model import Endpoint
 from picker.request.model import ApiKind, InferenceRequest
 from picker.scheduling.plugins.token_producer import Params
@@ -44,6 +47,26 @@ class TokenizeError(Exception):
     pass
 
 
+class LocalTokenizer:
+    """A HuggingFace ``tokenizer.json``, loaded once; raises ``errors.ConfigError`` if it cannot be."""
+
+    def __init__(self, path: str, *, add_special_tokens: bool = True) -> None:
+        try:
+            from tokenizers import Tokenizer  # optional: picker[local-tokenizer]
+        except ImportError as exc:
+            raise errors.ConfigError(
+                "token-producer localTokenizer needs the tokenizers package (pip install 'picker[local-tokenizer]')"
+            ) from exc
+        try:
+            self._tokenizer = Tokenizer.from_file(path)
+        except Exception as exc:  # tokenizers raises its own Exception subclass for unreadable files
+            raise errors.ConfigError(f"token-producer localTokenizer: cannot load {path!r}: {exc}") from exc
+        self.add_special_tokens = add_special_tokens
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self._tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids)
+
+
 class ServerTokenSource:
     def __init__(self, params: Params, *, max_response_bytes: int = 8 * 1024 * 1024) -> None:
         self.params = params
@@ -54,8 +77,10 @@ class ServerTokenSource:
         self._failing = False
         self._counts = {
             o: kvmetrics.TOKENIZE.labels(o)
-            for o in ("cache", "server", "prompt", "error", "timeout", "skipped")
+            for o in ("cache", "server", "local", "prompt", "error", "timeout", "skipped")
         }
+        local = params.local_tokenizer
+        self.local = LocalTokenizer(local.path, add_special_tokens=local.add_special_tokens) if local.path else None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -78,11 +103,17 @@ class ServerTokenSource:
             self._cache.move_to_end(key)
             self._counts["cache"].inc()
             return hit
-        if not candidates and not self.params.vllm.http:
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else ""
+        local = self.local if req.api is ApiKind.COMPLETIONS and isinstance(prompt, str) else None
+        if local is None and not candidates and not self.params.vllm.http:
             self._counts["skipped"].inc()
             return None
         try:
-            ids = await asyncio.wait_for(self._ask(req, body, candidates, key), self.timeout_s)
+            if local is not None:
+                ids = await asyncio.wait_for(asyncio.to_thread(local.encode, text), self.timeout_s)
+            else:
+                ids = await asyncio.wait_for(self._ask(req, body, candidates, key), self.timeout_s)
         except TimeoutError:
             self._fail("timeout", "tokenizer timed out")
             return None
@@ -92,7 +123,9 @@ class ServerTokenSource:
         if self._failing:
             self._failing = False
             log.info("tokenizer answers again")
-        self._counts["server"].inc()
+        self._counts["local" if local is not None else "server"].inc()
+        if len(ids) > self.params.max_tokens:
+            return None
         if self.params.cache_size:
             self._cache[key] = ids
             if len(self._cache) > self.params.cache_size:

@@ -4,10 +4,13 @@ fail-open outcomes."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
+import pytest
 from aiohttp import web
 
+from picker import errors
 from picker.endpoints.model import Endpoint
 from picker.kvevents.tokens import ServerTokenSource
 from picker.request.parse import parse_request
@@ -85,3 +88,39 @@ async def test_slow_broken_or_absent_servers_fail_open() -> None:
             await s.close()
     finally:
         await runner.cleanup()
+
+
+def tiny_tokenizer(path: Path) -> Path:
+    """A real HuggingFace tokenizer.json, trained here on a few sentences (no hub access)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>"])
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ran in the park", "ships float on the sea"] * 20, trainer)
+    out = path / "tokenizer.json"
+    tok.save(str(out))
+    return out
+
+
+async def test_local_tokenizer_for_completions(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    path = tiny_tokenizer(tmp_path)
+    src = source(localTokenizer={"path": str(path)})
+    locals_before = count("local")
+    req = parse_request(HEADERS, orjson.dumps({"model": "m", "prompt": "the cat sat on the sea"}))
+    ids = await src.token_ids(req, [])  # no server needed
+    assert ids == tuple(Tokenizer.from_file(str(path)).encode("the cat sat on the sea").ids)
+    assert count("local") == locals_before + 1
+    # chat needs the server's chat template: with no candidates and no vllm.http it is skipped (fail open)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert await src.token_ids(parse_request(CHAT, orjson.dumps(chat)), []) is None
+    await src.close()
+
+
+def test_bad_local_tokenizer_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "nope.json"
+    bad.write_text("{}")
+    with pytest.raises(errors.ConfigError, match="localTokenizer"):
+        source(localTokenizer={"path": str(bad)})

@@ -10,7 +10,10 @@ Parameters (llm-d's): ``modelName`` (accepted; the request's target model is wha
 candidate endpoints, chosen by the prompt's hash), ``timeout`` 100ms (llm-d: 5s; a lookup slower than this
 fails open)}. picker's: ``api`` ``tokenize`` (vLLM's ``POST /tokenize``, ``prompt`` or ``messages``) | ``render``
 (``POST /v1/completions/render`` and ``/v1/chat/completions/render``); ``cacheSize`` 8192 (an LRU of prompts
-→ token ids); ``maxTokens`` 262144 (a longer answer is an error).
+→ token ids); ``maxTokens`` 262144 (a longer answer is an error); ``localTokenizer`` {``path`` "" (a HuggingFace
+``tokenizer.json``: completions prompts are then tokenised in picker, in a worker thread, within the same
+timeout; chat still asks the server, which applies its chat template), ``addSpecialTokens`` true} — needs the
+``tokenizers`` package (``pip install picker[local-tokenizer]``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from picker.plugins import PluginContext, PluginParams
 from picker.scheduling import units
 from picker.scheduling.spec import ConfiguredPlugin, PluginSpec
 
-__all__ = ["KIND", "SPEC", "TYPE", "Params", "VLLMConfig"]
+__all__ = ["KIND", "SPEC", "TYPE", "LocalTokenizer", "Params", "VLLMConfig"]
 
 TYPE = "token-producer"
 KIND = "token-producer"
@@ -47,12 +50,18 @@ class VLLMConfig(PluginParams):
         return value.rstrip("/")
 
 
+class LocalTokenizer(PluginParams):
+    path: str = ""
+    add_special_tokens: bool = True
+
+
 class Params(PluginParams):
     model_name: str = ""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     api: Literal["tokenize", "render"] = "tokenize"
     cache_size: int = Field(default=8192, ge=0)
     max_tokens: int = Field(default=262_144, ge=1)
+    local_tokenizer: LocalTokenizer = Field(default_factory=LocalTokenizer)
 
 
 def _create(name: str, params: Params, ctx: PluginContext) -> ConfiguredPlugin:
