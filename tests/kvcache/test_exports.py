@@ -1,4 +1,4 @@
-"""Every name a kvcache module lists in __all__ exists."""
+"""Every name a kvcache or kvevents module lists in __all__ exists."""
 
 from __future__ import annotations
 
@@ -9,8 +9,20 @@ import pytest
 MODULES = [
     "picker.kvcache.events",
     "picker.kvcache.index",
+    "picker.kvcache.ingest",
     "picker.kvcache.keys",
     "picker.kvcache",
+    "picker.kvevents",
+    "picker.kvevents.subscriber",
+    "picker.kvevents.tokens",
+    "picker.bench.kv_index",
+    "picker.bench.kv_lab",
+    "picker.bench.kv_live",
+    "picker.bench.lab_kv",
+    "picker.telemetry.kvmetrics",
+    "picker.scheduling.plugins.precise_prefix",
+    "picker.scheduling.plugins.token_producer",
+    "picker.sim.kvevents",
 ]
 
 
