@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
+import zmq
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -43,12 +44,15 @@ from picker.endpoints.policy import PolicyStore
 from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
+from picker.kvcache.ingest import Ingestor
+from picker.kvevents import KVEventSubscriber, ServerTokenSource, SubscriberSettings
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
 from picker.scheduling.framework import PluginContext
+from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
 from picker.settings import ScrapeSettings, ServerSettings, Settings
-from picker.telemetry import REGISTRY, logs
+from picker.telemetry import REGISTRY, kvmetrics, logs
 from picker.telemetry import metrics as m
 
 if TYPE_CHECKING:
@@ -80,6 +84,7 @@ class Running:
     certificate: tls.CertificatePair | None  # None: plaintext
     supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
     elector: LeaderElector | None = None  # with leader election
+    kv_events: KVEventSubscriber | None = None  # with a precise-prefix-cache-scorer
 
     @property
     def grpc_target(self) -> str:
@@ -362,6 +367,7 @@ async def serving(
         else:
             config = load_config(settings.config_text, ctx)
     scheduler = Scheduler(config, ctx)
+    precise = _precise_path(config)
     director = Director(
         store=store,
         scheduler=scheduler,
@@ -375,6 +381,7 @@ async def serving(
         else admission.build_admitter(
             config, ctx, store=store, shed_status=server_settings.shed_status, pool_name=pool_name
         ),
+        tokens=precise.tokens if precise is not None else None,
     )
     extproc = servicer.ExtProcServicer(StreamEnv(director=director, settings=server_settings, parser=config.parser))
     health_servicer = health.HealthServicer()
@@ -405,6 +412,7 @@ async def serving(
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
+    kv_collector = kvmetrics.register_kv_collector(precise.sample) if precise is not None else None
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
     metrics_runner: web.AppRunner | None = None
     running: Running | None = None
@@ -424,10 +432,14 @@ async def serving(
             health_port=health_port,
             metrics_port=server_settings.metrics_port or None,
             certificate=certificate,
+            kv_events=precise.subscriber if precise is not None else None,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
         ]
+        if precise is not None:
+            subscriber = precise.subscriber
+            background.append(("kv-events", lambda: subscriber.run(store=store)))
         if scrape:
             background.append(
                 (
@@ -470,6 +482,77 @@ async def serving(
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
+        if precise is not None:
+            await precise.close()
+        if kv_collector is not None:
+            REGISTRY.unregister(kv_collector)
+
+
+@dataclass
+class _PrecisePath:
+    """What a configured ``precise-prefix-cache-scorer`` needs at run time: the KV-event subscriber feeding its
+    index and the token source looking up the prompt's ids before scheduling."""
+
+    subscriber: KVEventSubscriber
+    ingestor: Ingestor
+    tokens: ServerTokenSource
+
+    def sample(self) -> kvmetrics.KVSample:
+        st = self.ingestor.stats
+        index = self.ingestor.indexes[0]
+        return kvmetrics.KVSample(
+            messages={
+                "applied": st.applied,
+                "duplicate": st.duplicates,
+                "unknown_endpoint": st.unknown_endpoint,
+                "malformed": st.malformed.total(),
+                "replayed": st.replayed,
+            },
+            malformed=dict(st.malformed),
+            resyncs=dict(st.resyncs),
+            events=st.events,
+            gaps=st.gaps,
+            missed_batches=st.missed_batches,
+            restarts=st.restarts,
+            index_entries=index.entries,
+            index_keys=index.keys,
+            index=index.stats.as_dict(),
+        )
+
+    async def close(self) -> None:
+        self.subscriber.terminate()
+        await self.tokens.close()
+
+
+def _precise_path(config: SchedulerConfig) -> _PrecisePath | None:
+    """The subscriber and token source of the config's precise scorers (one subscriber feeds them all; the first
+    scorer's ``kvEventsConfig`` sets it up). Binding in central mode happens here: a busy port fails the start."""
+    scorers = [p for p in config.plugins.values() if isinstance(p, precise_prefix.PrecisePrefixCacheScorer)]
+    if not scorers:
+        return None
+    producers = config.configured(token_producer.KIND)
+    params = producers[0].params if producers else token_producer.Params()
+    assert isinstance(params, token_producer.Params)
+    tokens = ServerTokenSource(params)  # first: a bad localTokenizer is a ConfigError before any socket opens
+    events = scorers[0].params.kv_events_config
+    ingestor = Ingestor([s.index for s in scorers])
+    subscriber = KVEventSubscriber(
+        ingestor,
+        SubscriberSettings(
+            topic_filter=events.topic_filter,
+            discover=events.discover_pods,
+            socket_port=events.pod_discovery_config.socket_port,
+            replay_port=events.pod_discovery_config.replay_socket_port,
+            bind=events.zmq_endpoint,
+            queue_size=events.queue_size,
+        ),
+    )
+    try:
+        subscriber.start()
+    except zmq.ZMQError as exc:
+        subscriber.terminate()
+        raise errors.ConfigError(f"kv events: cannot bind {events.zmq_endpoint!r}: {exc}") from exc
+    return _PrecisePath(subscriber, ingestor, tokens)
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -15,7 +15,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +75,10 @@ def render(
     failure_mode_allow: bool = False,
     picker_tls: bool = True,
     with_picker: bool = True,
+    extra_picker_ports: Sequence[int] = (),
 ) -> str:
-    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline)."""
+    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline);
+    ``extra_picker_ports``: more picker replicas, each ext_proc stream going to one of them round robin."""
     http_filters: list[dict[str, Any]] = [
         {
             "name": "strip-client-destination",
@@ -130,11 +132,8 @@ def render(
             "endpoints": [
                 {
                     "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {"socket_address": {"address": "127.0.0.1", "port_value": picker_port}}
-                            }
-                        }
+                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+                        for port in (picker_port, *extra_picker_ports)
                     ]
                 }
             ],

@@ -26,6 +26,10 @@ every router mid-run (``restart_at_s``: fresh ledger, fresh plugin state, fresh 
 queues), and engines slower than the rest (``slowdowns``). ``LabRun.result`` holds the routed requests only
 (what the policy decided); ``LabRun.external`` the bypassing ones.
 
+With a ``precise-prefix-cache-scorer`` in a router's configuration, the engines' KV-cache events reach every
+router ``kv_event_delay_s`` after the step that caused them, on the real wire format (``lab_kv``), and each
+request carries its token ids as picker's token source attaches them.
+
 Arrivals follow the load client's schedule (``poisson_schedule``: first request at 0, then
 ``load.poisson_arrivals(rate, seed)``), so the same workload, rate and seed give the same requests in the lab
 and live. Network and proxy time are zero. The run is deterministic for a seed (policies draw from a
@@ -34,6 +38,7 @@ and live. Network and proxy time are zero. The run is deterministic for a seed (
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import random
@@ -45,6 +50,7 @@ from typing import Any, Literal
 import orjson
 
 from picker import errors
+from picker.bench import lab_kv
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, poisson_arrivals
 from picker.bench.policies import Policy, make_policy
 from picker.bench.workloads import Api, WorkItem, Workload
@@ -74,8 +80,8 @@ __all__ = [
 
 EPOCH_S = 1000.0  # virtual time of the first arrival (clocks read > 0, as ``updated_at == 0`` means "never")
 
-# Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends.
-_RESTART, _SCRAPE, _ARRIVAL, _STEP = -1, 0, 1, 2
+# Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends, then KV events.
+_RESTART, _SCRAPE, _ARRIVAL, _STEP, _KV = -1, 0, 1, 2, 3
 PolicyFactory = Callable[[PluginContext], Policy]
 _REJECT_STATUS = {"queue_full": 429, "too_long": 400, "unknown_model": 404, "bad_request": 400}
 
@@ -110,10 +116,11 @@ class LabConfig:
     api: Api = "completions"
     seed: int = 0  # the policies' random source
     scenario: Scenario = field(default_factory=Scenario)
+    kv_event_delay_s: float = 0.005  # engine step → routers' KV-event indexes (precise scorers only)
 
     def __post_init__(self) -> None:
-        if self.engines < 1 or self.scrape_interval_s <= 0:
-            raise ValueError("engines >= 1 and scrape_interval_s > 0")
+        if self.engines < 1 or self.scrape_interval_s <= 0 or self.kv_event_delay_s < 0:
+            raise ValueError("engines >= 1, scrape_interval_s > 0 and kv_event_delay_s >= 0")
         if self.scenario.external_target is not None and not 0 <= self.scenario.external_target < self.engines:
             raise ValueError("external_target must name an engine")
 
@@ -179,6 +186,7 @@ class _Router:
         self.policy: Policy = make_policy(spec, self.ctx) if isinstance(spec, str) else spec(self.ctx)
         self.store.set_endpoints(lab.endpoints)
         self.policy.endpoints_changed(frozenset(lab.index_of))
+        self.kv_ingestor = lab_kv.ingestor_for(self.policy, list(lab.index_of))
 
 
 @dataclass(slots=True)
@@ -242,6 +250,15 @@ class _Lab:
         self.seq = itertools.count()
         self.pending_arrivals = 0
         self.events = 0
+        self.kv_bus: lab_kv.EventBus | None = None
+        if any(r.kv_ingestor is not None for r in self.routers):
+            self.kv_bus = lab_kv.EventBus(
+                self.engines,
+                [f"kv@{ep.key}@{self.model}".encode() for ep in self.endpoints],
+                cfg.engine.block_size,
+                {name: i + 1 for i, name in enumerate(cfg.engine.lora_adapters)},
+                cfg.kv_event_delay_s,
+            )
 
     @property
     def policy_name(self) -> str:
@@ -272,6 +289,9 @@ class _Lab:
                 self.arrive(arg, at)
             elif kind == _SCRAPE:
                 self.scrape(arg, at)
+            elif kind == _KV:
+                assert self.kv_bus is not None
+                self.kv_bus.deliver(arg, [r.kv_ingestor for r in self.routers])
             else:
                 self.restart(at)
 
@@ -319,6 +339,8 @@ class _Lab:
         headers = {":path": self.path, ":method": "POST", "content-type": "application/json", "x-request-id": rid}
         try:
             req = parse_request(headers, body)
+            if router.kv_ingestor is not None:  # the director's token source
+                req = dataclasses.replace(req, token_ids=self.parse_generate(body).prompt_ids)
             pick = router.policy.pick(req, router.store.current().candidates())
         except errors.PickerError as exc:
             rec.status, rec.error = exc.status, exc.wire_text
@@ -378,12 +400,18 @@ class _Lab:
                 self.finish(live, state, now)
         if engine.has_work:
             self.begin(e, now)
+        self.publish_kv(e, now)
 
     def begin(self, e: int, now: float) -> None:
         end = self.engines[e].begin_step(now)
         if end is None:  # work that cannot be scheduled yet (the real driver retries after 1 ms)
             end = now + 0.001
         self.push(end, _STEP, e)
+
+    def publish_kv(self, e: int, now: float) -> None:
+        """After a step: what it stored and evicted goes out as one batch (and the next step's allocations)."""
+        if self.kv_bus is not None and (msg := self.kv_bus.drain(e, now)) is not None:
+            self.push(now + self.kv_bus.delay_s, _KV, msg)
 
     # -- the director's accounting ------------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 route:     candidates (snapshot, subset hint) → model rewrite header → resolver (objective priority,
            InferenceModelRewrite; a seam, identity by default) → admission (a seam, admits all by default)
-           → scheduler → in-flight lease → PreRequest plugins.
+           → token ids (a seam, for the precise prefix scorer; none by default) → scheduler → in-flight lease
+           → PreRequest plugins.
 complete:  release the lease, observe TTFT/TPOT, record metrics, PostResponse plugins.
 
 TTFT and TPOT are observed per endpoint only from streamed responses (SSE), where the first body bytes are the
@@ -24,6 +25,7 @@ minutes of finished requests as in-flight load, which saturates the token-load s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -54,6 +56,7 @@ __all__ = [
     "Resolver",
     "Routed",
     "SchedulerLike",
+    "TokenSource",
 ]
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,13 @@ class Admitter(Protocol):
     async def admit(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> None: ...
 
 
+class TokenSource(Protocol):
+    """Seam for the prompt's token ids (``picker.kvevents.tokens``): looked up before scheduling, with a deadline
+    of its own; None when they cannot be had (the scorers that need them fail open)."""
+
+    async def token_ids(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> Sequence[int] | None: ...
+
+
 @runtime_checkable
 class ReleaseListener(Protocol):
     """Optional on an admitter: told after every in-flight lease release (capacity may have freed up)."""
@@ -134,6 +144,7 @@ class Director:
         resolver: Resolver | None = None,
         admitter: Admitter | None = None,
         rng: random.Random | None = None,
+        tokens: TokenSource | None = None,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -142,6 +153,7 @@ class Director:
         self.settings = settings
         self.resolver = resolver
         self.admitter = admitter
+        self.tokens = tokens
         self._on_release = admitter.released if isinstance(admitter, ReleaseListener) else None
         self._rng = rng or random.Random()
         # Held leases: (deadline, seq, routed); seq breaks ties without comparing Routed.
@@ -174,6 +186,10 @@ class Director:
                 eps = self.candidates(req)
                 if not eps:
                     raise errors.ServiceUnavailable(NO_CANDIDATES)
+        if self.tokens is not None and req.token_ids is None:
+            ids = await self.tokens.token_ids(req, eps)
+            if ids is not None:
+                req = dataclasses.replace(req, token_ids=ids)
         result = self._schedule(req, eps)
         return self._routed(req, result, result.targets, received)
 

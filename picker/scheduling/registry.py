@@ -25,6 +25,7 @@ from picker.scheduling.plugins import (
     no_hit_lru,
     parsers,
     picker_load,
+    precise_prefix,
     prefix,
     queue,
     random_picker,
@@ -34,6 +35,7 @@ from picker.scheduling.plugins import (
     session_affinity,
     single_profile,
     token_load,
+    token_producer,
     weighted_random,
 )
 from picker.scheduling.spec import PluginSpec
@@ -49,6 +51,7 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             running.SPEC,
             kv_cache.SPEC,
             prefix.SPEC,
+            precise_prefix.SPEC,
             lora.SPEC,
             token_load.SPEC,
             load_aware.SPEC,
@@ -84,6 +87,7 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             flow_policies.FCFS_SPEC,
             flow_policies.EDF_SPEC,
             flow_policies.STATIC_USAGE_LIMIT_SPEC,
+            token_producer.SPEC,
         )
     }
 )

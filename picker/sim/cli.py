@@ -3,6 +3,8 @@
     picker sim --preset h100-8b --port 8000
     picker sim --preset cpu --ports 8001,8002,8003
     picker sim --preset fast --count 8 --base-port 9000 --num-gpu-blocks 2000 --duration-s 60
+    picker sim --preset fast --count 4 --base-port 9000 --kv-events-port 5557      # KV events, per-pod PUB
+    picker sim --preset fast --count 4 --zmq-endpoint tcp://127.0.0.1:5557         # ... dialling picker
 
 Each port gets its own engine, driver task, fault injector and metrics; all share one event loop (cheap: see
 docs/simulator.md for how many fit on a 2-core machine). vLLM flags that make no sense for a simulator
@@ -22,9 +24,9 @@ from collections.abc import Callable
 
 from picker.sim.config import PRESETS, EngineConfig, preset
 from picker.sim.faults import ERROR_TYPES, Faults
-from picker.sim.server import ServerConfig, SimServer
+from picker.sim.server import KVEventsOptions, ServerConfig, SimServer
 
-__all__ = ["configure", "engine_config", "ports", "run", "serve"]
+__all__ = ["configure", "engine_config", "kv_events", "ports", "run", "serve"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +69,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--crash-after", type=int, help="crash at every N-th request")
     f.add_argument("--crash-down-s", type=float, help="seconds a crash keeps the port closed (default: forever)")
 
+    k = parser.add_argument_group("KV-cache events (vLLM's ZeroMQ wire)")
+    k.add_argument("--kv-events-port", type=int, help="bind a PUB socket here (server i: port + i; 0: any)")
+    k.add_argument("--zmq-endpoint", help="dial this SUB socket instead (picker's central mode), e.g. tcp://h:5557")
+    k.add_argument("--kv-events-replay-port", type=int, help="serve replays on a ROUTER socket (server i: port + i)")
+    k.add_argument("--event-batch-size", type=int, default=16, help="events per published batch (default 16)")
+    k.add_argument("--use-vllm-map-event-format", action="store_true", help="events as maps, not arrays")
+    k.add_argument("--hash-seed", type=int, help="block-hash seed (vLLM's PYTHONHASHSEED; default 0)")
+
     o = parser.add_argument_group("other")
     o.add_argument("--legacy-metric-names", action="store_true", help="also export vllm:gpu_cache_usage_perc")
     o.add_argument("--log-level", default="WARNING")
@@ -106,6 +116,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         "max_waiting",
         "natural_output_tokens",
         "slowdown",
+        "hash_seed",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -114,6 +125,31 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         changes["lora_adapters"] = tuple(m.split("=", 1)[0].strip() for m in args.lora_modules.split(",") if m)
     changes["seed"] = args.seed
     return preset(args.preset, **changes)
+
+
+def kv_events(args: argparse.Namespace, i: int) -> KVEventsOptions | None:
+    """Server ``i``'s KV-event options, or None when neither --kv-events-port nor --zmq-endpoint is given."""
+    if args.kv_events_port is None and args.zmq_endpoint is None:
+        if args.kv_events_replay_port is not None:
+            raise ValueError("--kv-events-replay-port needs --kv-events-port or --zmq-endpoint")
+        return None
+    if args.kv_events_port is not None and args.zmq_endpoint is not None:
+        raise ValueError("give --kv-events-port or --zmq-endpoint, not both")
+    if args.event_batch_size < 1:
+        raise ValueError("--event-batch-size must be >= 1")
+
+    def nth(port: int | None) -> int | None:
+        return None if port is None else (port + i if port else 0)
+
+    host = os.environ.get("POD_IP") or (args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1")
+    return KVEventsOptions(
+        port=nth(args.kv_events_port),
+        zmq_endpoint=args.zmq_endpoint,
+        replay_port=nth(args.kv_events_replay_port),
+        topic_host=host,
+        batch_size=args.event_batch_size,
+        map_format=args.use_vllm_map_event_format,
+    )
 
 
 def _faults(args: argparse.Namespace) -> Faults:
@@ -144,6 +180,8 @@ async def serve(
         for server in servers:
             await server.start()
             print(f"picker sim: {server.name} serving {config.model} on {server.url}", flush=True)
+            if server.kv_publisher is not None and server.kv_publisher.port is not None:
+                print(f"picker sim: {server.name} KV events on tcp port {server.kv_publisher.port}", flush=True)
         if on_started is not None:
             on_started(servers)
         with contextlib.suppress(TimeoutError):
@@ -160,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         port_list = ports(args)
         config = engine_config(args)
         faults = _faults(args)
+        kv = [kv_events(args, i) for i in range(len(port_list))]
     except ValueError as exc:
         print(f"picker sim: {exc}", file=sys.stderr)
         return 2
@@ -173,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
             legacy_metric_names=args.legacy_metric_names,
             pod_name=os.environ.get("POD_NAME"),
             pod_namespace=os.environ.get("POD_NAMESPACE"),
+            kv_events=kv[i],
         )
         for i, port in enumerate(port_list)
     ]

@@ -50,10 +50,12 @@ class EngineDriver:
         on_updates: Callable[[list[RequestState]], None] | None = None,
         stall_s: Callable[[], float] | None = None,
         lag_tolerance_s: float = 0.010,
+        on_step: Callable[[float], None] | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self._on_updates = on_updates
+        self._on_step = on_step  # after every step, with its end time (the KV-event publisher flushes there)
         self._stall_s = stall_s
         self._lag_tolerance_s = lag_tolerance_s
         self._handles: dict[str, RequestHandle] = {}
@@ -118,3 +120,5 @@ class EngineDriver:
                         del handles[state.request_id]
             if self._on_updates is not None and updates:
                 self._on_updates(updates)
+            if self._on_step is not None:
+                self._on_step(end)

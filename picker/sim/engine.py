@@ -21,6 +21,12 @@ Scheduling follows vLLM v1 (FCFS):
 
 Answers are deterministic: the tokens and the natural (EOS) length come from a hash of the prompt, the adapter
 and ``EngineConfig.seed``.
+
+KV-cache events (``record_kv_events = True``): as vLLM's prefix cache reports them, from the block pool itself —
+a block that becomes findable by its hash is *stored* (consecutive blocks of one request in one step form one
+``KVStored`` with the parent hash, the blocks' tokens and the adapter), a findable block reused for other
+content is *removed*, and ``clear_cache`` (vLLM's ``reset_prefix_cache``) is *all cleared*. ``drain_kv_events``
+hands them over in order; ``picker.sim.kvevents`` publishes them on vLLM's wire.
 """
 
 from __future__ import annotations
@@ -38,7 +44,19 @@ from picker.sim.config import EngineConfig
 from picker.sim.kvcache import BlockPool, chain_hashes, root_hash
 from picker.sim.tokenizer import Tokenizer, default_tokenizer
 
-__all__ = ["Engine", "EngineStats", "FinishReason", "RejectKind", "RequestRejected", "RequestState", "SimRequest"]
+__all__ = [
+    "Engine",
+    "EngineStats",
+    "FinishReason",
+    "KVCleared",
+    "KVEvent",
+    "KVRemoved",
+    "KVStored",
+    "RejectKind",
+    "RequestRejected",
+    "RequestState",
+    "SimRequest",
+]
 
 FinishReason = Literal["stop", "length", "abort"]
 RejectKind = Literal["queue_full", "too_long", "unknown_model", "bad_request"]
@@ -51,6 +69,30 @@ class RequestRejected(Exception):
         super().__init__(message)
         self.kind: RejectKind = kind
         self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class KVStored:
+    """Blocks that became findable: their hashes, the hash before the first (None: a sequence start), their
+    tokens (``block_size`` per hash) and the adapter (None: the base model)."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    lora: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KVRemoved:
+    block_hashes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCleared:
+    pass
+
+
+KVEvent = KVStored | KVRemoved | KVCleared
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +219,9 @@ class Engine:
         self.config = config
         self._word_ids = (tokenizer or default_tokenizer()).word_ids
         self._roots = {name: root_hash(name, config.hash_seed) for name in config.served_models}
-        self.pool = BlockPool(config.num_gpu_blocks, enable_caching=config.enable_prefix_caching)
+        self.record_kv_events = False
+        self._kv_events: list[KVEvent] = []
+        self.pool = self._new_pool()
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         self._live: dict[str, RequestState] = {}
@@ -406,10 +450,58 @@ class Engine:
         full = (computed + n) // bs
         if full > req.num_cached_blocks:
             self._extend_hashes(req, full)
+            new: list[int] = []  # indexes of blocks that became findable, for the KV events
             for j in range(req.num_cached_blocks, full):
-                self.pool.cache(req.blocks[j], req.hashes[j])
+                if self.pool.cache(req.blocks[j], req.hashes[j]):
+                    new.append(j)
+            if new and self.record_kv_events:
+                self._stored(req, new)
             req.num_cached_blocks = full
         return True
+
+    def _stored(self, req: RequestState, indexes: list[int]) -> None:
+        """One ``KVStored`` per run of consecutive new blocks of ``req``."""
+        bs = self.config.block_size
+        run: list[int] = []
+        for j in indexes:
+            if run and j != run[-1] + 1:
+                self._emit_stored(req, run, bs)
+                run = []
+            run.append(j)
+        self._emit_stored(req, run, bs)
+
+    def _emit_stored(self, req: RequestState, run: list[int], bs: int) -> None:
+        first, last = run[0], run[-1]
+        parent = req.hashes[first - 1] if first > 0 else None
+        tokens = req.tokens[first * bs : (last + 1) * bs].tolist()
+        self._kv_events.append(KVStored([req.hashes[j] for j in run], parent, tokens, req.lora))
+
+    def _removed(self, block_hash: int) -> None:
+        if self.record_kv_events:
+            events = self._kv_events
+            last = events[-1] if events else None
+            if type(last) is KVRemoved:
+                last.block_hashes.append(block_hash)
+            else:
+                events.append(KVRemoved([block_hash]))
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        """The KV events since the last call, in order."""
+        events, self._kv_events = self._kv_events, []
+        return events
+
+    def clear_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: forget every cached block; refused (False) while requests hold blocks."""
+        if self._running or any(r.blocks for r in self._waiting):
+            return False
+        self.pool.reset()
+        if self.record_kv_events:
+            self._kv_events.append(KVCleared())
+        return True
+
+    def _new_pool(self) -> BlockPool:
+        cfg = self.config
+        return BlockPool(cfg.num_gpu_blocks, enable_caching=cfg.enable_prefix_caching, on_evict=self._removed)
 
     def _preempt(self, req: RequestState) -> None:
         self.pool.release(req.blocks[::-1])
@@ -460,5 +552,6 @@ class Engine:
         self._waiting.clear()
         self._running.clear()
         self._step = None
-        self.pool = BlockPool(self.config.num_gpu_blocks, enable_caching=self.config.enable_prefix_caching)
+        self._kv_events = []  # a crashed server publishes nothing more; its restart starts a new stream
+        self.pool = self._new_pool()
         return dropped

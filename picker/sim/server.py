@@ -1,13 +1,17 @@
 """The vLLM-compatible HTTP server around one engine (aiohttp).
 
 Endpoints: ``/v1/completions``, ``/v1/chat/completions`` (JSON or SSE, one token per chunk), ``/v1/models``,
-``/tokenize``, ``/detokenize``, ``/health``, ``/metrics``; and the simulator's own ``/admin/faults`` (GET/POST),
-``/admin/crash`` (POST ``{"down_s": seconds|null}``) and ``/admin/stats`` (GET).
+``/tokenize``, ``/detokenize``, ``/reset_prefix_cache``, ``/health``, ``/metrics``; and the simulator's own
+``/admin/faults`` (GET/POST), ``/admin/crash`` (POST ``{"down_s": seconds|null}``) and ``/admin/stats`` (GET).
 
 Every response carries ``x-backend: <name>`` (and ``x-inference-pod``/``-namespace``/``-port`` when configured),
 so a client behind a gateway sees which server answered. Errors are OpenAI-shaped JSON; malformed input is a
 400 and an oversized body a 413, never a crash. Several servers can share one process and one event loop
 (``cli.py`` runs ``--count N``), each with its own engine, driver task, fault injector and metrics registry.
+
+With ``ServerConfig.kv_events`` the engine's KV-cache events go out on vLLM's ZeroMQ wire after every step
+(``kvevents.py``), topic ``kv@<topic_host>:<port>@<model>``; a crash restarts the stream at sequence 0 (a new
+process), as a restarted vLLM does.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from picker.sim.config import EngineConfig
 from picker.sim.driver import EngineDriver, RequestHandle
 from picker.sim.engine import Engine, RequestRejected, SimRequest
 from picker.sim.faults import Crash, ErrorReply, FaultInjector, Faults, Hang
+from picker.sim.kvevents import KVEventPublisher
 from picker.sim.metrics import SimMetrics
 from picker.sim.tokenizer import Tokenizer, default_tokenizer
 
-__all__ = ["ServerConfig", "SimServer"]
+__all__ = ["KVEventsOptions", "ServerConfig", "SimServer"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,24 @@ _REJECT_STATUS = {
     "bad_request": (400, "BadRequestError"),
 }
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsOptions:
+    """Publish KV-cache events: ``port`` binds a PUB socket there (0: any free port), or ``zmq_endpoint`` dials
+    a router that binds (central mode); ``replay_port`` also serves replays (0: any free port)."""
+
+    port: int | None = None
+    zmq_endpoint: str | None = None
+    replay_port: int | None = None
+    topic_host: str = "127.0.0.1"  # the IP picker knows this server by (vLLM: $POD_IP)
+    batch_size: int = 16
+    map_format: bool = False
+    dp_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.port is None) == (self.zmq_endpoint is None):
+            raise ValueError("KV events need exactly one of a port to bind and a ZMQ endpoint to dial")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +81,7 @@ class ServerConfig:
     pod_name: str | None = None
     pod_namespace: str | None = None
     shutdown_timeout_s: float = 1.0
+    kv_events: KVEventsOptions | None = None
 
 
 class SimServer:
@@ -73,7 +97,13 @@ class SimServer:
         self.metrics = SimMetrics(
             self.engine, driver_lag_s=lambda: self.driver.max_lag_s, legacy_names=self.config.legacy_metric_names
         )
-        self.driver = EngineDriver(self.engine, on_updates=self.metrics.record, stall_s=self.injector.step_stall_s)
+        self.kv_publisher: KVEventPublisher | None = None
+        self.driver = EngineDriver(
+            self.engine,
+            on_updates=self.metrics.record,
+            stall_s=self.injector.step_stall_s,
+            on_step=self._publish_kv_events if self.config.kv_events is not None else None,
+        )
         self.crashed = False
         self.crashes = 0
         self._port = self.config.port
@@ -106,6 +136,7 @@ class SimServer:
         )
         await self._runner.setup()
         await self._listen()
+        await self._start_kv_events()
         self._driver_task = asyncio.create_task(self.driver.run(), name=f"sim-driver-{self._port}")
         self._headers = {"x-backend": self.name}
         if self.config.pod_name:
@@ -120,6 +151,30 @@ class SimServer:
         await self._site.start()
         if self._port == 0:
             self._port = self._runner.addresses[-1][1]
+
+    async def _start_kv_events(self) -> None:
+        opts = self.config.kv_events
+        if opts is None:
+            return
+        cfg = self.engine.config
+        host = opts.topic_host
+        self.kv_publisher = KVEventPublisher(
+            topic=f"kv@{f'[{host}]' if ':' in host else host}:{self._port}@{cfg.model}",
+            block_size=cfg.block_size,
+            lora_adapters=cfg.lora_adapters,
+            bind=f"tcp://{self.config.host}:{opts.port}" if opts.port is not None else None,
+            connect=opts.zmq_endpoint,
+            replay_bind=f"tcp://{self.config.host}:{opts.replay_port}" if opts.replay_port is not None else None,
+            batch_size=opts.batch_size,
+            map_format=opts.map_format,
+            dp_rank=opts.dp_rank,
+        )
+        await self.kv_publisher.start()
+        self.engine.record_kv_events = True
+
+    def _publish_kv_events(self, now: float) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.publish(self.engine.drain_kv_events(), time.time())
 
     async def stop(self) -> None:
         if self._restart_task is not None:
@@ -136,6 +191,9 @@ class SimServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver_task
             self._driver_task = None
+        if self.kv_publisher is not None:
+            await self.kv_publisher.stop()
+            self.kv_publisher = None
 
     async def __aenter__(self) -> SimServer:
         await self.start()
@@ -159,6 +217,8 @@ class SimServer:
                 if conn.transport is not None:
                     conn.transport.abort()
         self.driver.reset()
+        if self.kv_publisher is not None:
+            self.kv_publisher.restart()
         if down_s is not None:
             self._restart_task = asyncio.create_task(self._restart_after(down_s))
 
@@ -182,6 +242,7 @@ class SimServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/admin/faults", self._get_faults)
@@ -384,6 +445,13 @@ class SimServer:
         except ValueError as exc:
             raise api.ApiError.bad(str(exc), "tokens") from None
         return self._json({"prompt": text})
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's ``POST /reset_prefix_cache``: refused while requests hold blocks (vLLM fails it then too)."""
+        if not self.engine.clear_cache():
+            return self._error(409, "ConflictError", "requests are running; the prefix cache was not reset")
+        self._publish_kv_events(0.0)
+        return web.Response(status=200)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200)

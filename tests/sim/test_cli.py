@@ -41,6 +41,24 @@ def test_engine_config_from_flags() -> None:
     assert (cfg.lora_adapters, cfg.max_loras) == (("a", "b"), 2)
 
 
+def test_kv_event_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.kv_events(parse(), 0) is None
+    args = parse("--count", "3", "--kv-events-port", "5557", "--kv-events-replay-port", "6000", "--event-batch-size",
+                 "4", "--use-vllm-map-event-format", "--host", "0.0.0.0", "--hash-seed", "42")  # fmt: skip
+    opts = cli.kv_events(args, 2)
+    assert opts is not None
+    assert (opts.port, opts.replay_port, opts.batch_size, opts.map_format) == (5559, 6002, 4, True)
+    assert opts.topic_host == "127.0.0.1"
+    assert cli.engine_config(args).hash_seed == 42
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    central = cli.kv_events(parse("--zmq-endpoint", "tcp://epp:5557"), 1)
+    assert central is not None
+    assert (central.port, central.zmq_endpoint, central.topic_host) == (None, "tcp://epp:5557", "10.1.2.3")
+    for bad in (("--kv-events-port", "1", "--zmq-endpoint", "tcp://x:1"), ("--kv-events-replay-port", "1")):
+        with pytest.raises(ValueError, match=r"kv-events|zmq"):
+            cli.kv_events(parse(*bad), 0)
+
+
 def test_run_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.run(parse("--ports", "1,1")) == 2
     assert cli.run(parse("--failure-types", "nope")) == 2
