@@ -199,7 +199,7 @@ def test_llm_d_api_version_with_built_types() -> None:
     assert [p.name for p in config.configured("data-source")] == ["endpoint-notification-source", "metrics-data-source"]
 
 
-@pytest.mark.parametrize(("text", "unknown"), [(LLMD_PD, "prefix-based-pd-decider"), (LLMD_PRECISE, "token-producer")])
+@pytest.mark.parametrize(("text", "unknown"), [(LLMD_PRECISE, "token-producer")])
 def test_llm_d_samples_with_unbuilt_types_name_the_type(text: str, unknown: str) -> None:
     with pytest.raises(errors.ConfigError) as info:
         _load(text)
