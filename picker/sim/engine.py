@@ -21,6 +21,14 @@ Scheduling follows vLLM v1 (FCFS):
 
 Answers are deterministic: the tokens and the natural (EOS) length come from a hash of the prompt, the adapter
 and ``EngineConfig.seed``.
+
+Prefill/decode disaggregation, as vLLM's NIXL connector does it: a prefill server serves the prompt with
+``max_tokens`` 1 like any request (its blocks stay in the prefix cache). A decode server gets the request again
+with ``remote_prefill``: when it is admitted, its blocks are allocated and the prompt tokens it does not cache
+locally are pulled over the link (``EngineConfig.kv_transfer_s_per_token`` each, one transfer after another; the
+request waits, counted as waiting, and no step runs for it); once they landed, the request runs like any other
+whose prompt is cached: one step computes the last prompt token and emits the first output token, then it
+decodes. ``next_wakeup_s`` tells a driver when an idle engine has a transfer landing.
 """
 
 from __future__ import annotations
@@ -61,10 +69,12 @@ class SimRequest:
     min_tokens: int = 0
     ignore_eos: bool = False
     lora: str | None = None  # adapter name; None = base model
+    remote_prefill: bool = False  # prefilled elsewhere: pull the prompt's KV instead of computing it
 
 
 class Status(enum.Enum):
     WAITING = "waiting"
+    LOADING = "loading"  # pulling a remotely prefilled prompt's KV (vLLM's WAITING_FOR_REMOTE_KVS)
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -89,6 +99,8 @@ class RequestState:
         "num_preemptions",
         "output_ids",
         "prompt_tokens",
+        "ready_s",
+        "remote_prefill",
         "request_id",
         "scheduled_s",
         "seed",
@@ -96,6 +108,7 @@ class RequestState:
         "target_output",
         "target_reason",
         "tokens",
+        "transfer_tokens",
     )
 
     def __init__(
@@ -103,6 +116,9 @@ class RequestState:
     ) -> None:
         self.request_id = req.request_id
         self.lora = req.lora
+        self.remote_prefill = req.remote_prefill
+        self.ready_s: float | None = None  # when its pulled KV lands (remote prefill)
+        self.transfer_tokens = 0  # prompt tokens pulled over the link
         self.max_tokens = max_tokens  # the request's, or what max_model_len leaves
         self.tokens = array("I", req.prompt_ids)
         self.prompt_tokens = len(self.tokens)
@@ -180,6 +196,8 @@ class Engine:
         self.pool = BlockPool(config.num_gpu_blocks, enable_caching=config.enable_prefix_caching)
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
+        self._loading: list[RequestState] = []  # pulling KV over the link (remote prefill)
+        self._link_free_s = float("-inf")  # when the link finishes the transfers already started
         self._live: dict[str, RequestState] = {}
         self._step: _Step | None = None
         self.prefix_queries_tokens = 0
@@ -243,6 +261,8 @@ class Engine:
             return None
         if state.status is Status.WAITING:
             self._waiting.remove(state)
+        elif state.status is Status.LOADING:
+            self._loading.remove(state)
         else:
             self._running.remove(state)
         self._finish(state, now, "abort")
@@ -255,7 +275,12 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._loading)
+
+    @property
+    def next_wakeup_s(self) -> float | None:
+        """When the first KV transfer in flight lands (an idle engine starts a step then); None: none."""
+        return min((r.ready_s for r in self._loading if r.ready_s is not None), default=None)
 
     @property
     def step_end_s(self) -> float | None:
@@ -273,6 +298,8 @@ class Engine:
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[RequestState, int]] = []
         preempted = False
+        if self._loading:
+            self._land_transfers(now)
 
         i = 0
         while i < len(self._running) and budget > 0:
@@ -299,8 +326,8 @@ class Engine:
         prefill = decode = context = 0
         lora = False
         for req, n in scheduled:
-            if n == 1 and req.output_ids and req.num_computed == req.num_tokens - 1:
-                decode += 1
+            if n == 1 and (req.output_ids or req.remote_prefill) and req.num_computed == req.num_tokens - 1:
+                decode += 1  # a decode-shaped token (a pulled prompt's last token too: no prefill pass)
             else:
                 prefill += n
             context += req.num_computed + n
@@ -321,9 +348,18 @@ class Engine:
                 skipped.append(self._waiting.popleft())
                 continue
             n_tokens = req.num_tokens
-            self._extend_hashes(req, n_tokens // bs)
-            hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
-            n_cached = len(hits) * bs
+            if req.remote_prefill and req.ready_s is None:
+                if not self._start_transfer(req, now):
+                    break
+                self._waiting.popleft()
+                continue
+            if req.remote_prefill:  # its KV landed: only the last prompt token is computed
+                hits: Sequence[int] = ()
+                n_cached = req.num_computed
+            else:
+                self._extend_hashes(req, n_tokens // bs)
+                hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
+                n_cached = len(hits) * bs
             n = n_tokens - n_cached
             if not cfg.enable_chunked_prefill and n > budget:
                 break
@@ -333,8 +369,9 @@ class Engine:
             self._waiting.popleft()
             req.status = Status.RUNNING
             self._running.append(req)
-            self.prefix_queries_tokens += n_tokens
-            self.prefix_hits_tokens += n_cached
+            if not req.remote_prefill:  # a pulled prompt was counted when its transfer started
+                self.prefix_queries_tokens += n_tokens
+                self.prefix_hits_tokens += n_cached
             if req.scheduled_s is None:
                 req.scheduled_s = max(now, req.arrival_s)
                 req.cached_tokens = n_cached
@@ -379,6 +416,43 @@ class Engine:
             self._running = [r for r in self._running if r.status is Status.RUNNING]
         return updated
 
+    # -- KV transfers (remote prefill) ---------------------------------------------------------------------
+
+    def _start_transfer(self, req: RequestState, now: float) -> bool:
+        """Allocate the whole prompt's blocks and start pulling what is not cached here; False if the pool is
+        short. The pulled blocks enter the prefix cache when they land, not before."""
+        bs = self.config.block_size
+        n_tokens = req.num_tokens
+        self._extend_hashes(req, n_tokens // bs)
+        hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
+        n_cached = len(hits) * bs
+        pulled = n_tokens - n_cached
+        if not self._allocate(req, pulled, hits, cache=False):
+            return False
+        req.status = Status.LOADING
+        req.transfer_tokens = pulled
+        start = max(now, self._link_free_s)
+        req.ready_s = self._link_free_s = start + pulled * self.config.kv_transfer_s_per_token
+        req.scheduled_s = max(now, req.arrival_s)
+        req.cached_tokens = n_cached
+        self.prefix_queries_tokens += n_tokens
+        self.prefix_hits_tokens += n_cached
+        self._loading.append(req)
+        return True
+
+    def _land_transfers(self, now: float) -> None:
+        """Requests whose KV landed by ``now`` wait at the front of the queue, their prompt computed but the
+        last token (as vLLM recomputes it), in the order their transfers started."""
+        landed = [r for r in self._loading if r.ready_s is not None and r.ready_s <= now]
+        if not landed:
+            return
+        self._loading = [r for r in self._loading if not (r.ready_s is not None and r.ready_s <= now)]
+        for req in reversed(landed):
+            req.num_computed = req.num_tokens - 1
+            self._cache_blocks(req, req.num_computed // self.config.block_size)
+            req.status = Status.WAITING
+            self._waiting.appendleft(req)
+
     # -- KV bookkeeping ---------------------------------------------------------------------------------------
 
     def _extend_hashes(self, req: RequestState, n_blocks: int) -> None:
@@ -387,8 +461,11 @@ class Engine:
             parent = req.hashes[-1] if req.hashes else self._roots[req.lora or self.config.model]
             req.hashes.extend(chain_hashes(req.tokens, self.config.block_size, parent, have, n_blocks))
 
-    def _allocate(self, req: RequestState, n: int, hits: Sequence[int]) -> bool:
-        """Give ``req`` KV slots for ``n`` more tokens after its cached ``hits``; False if the pool is short."""
+    def _allocate(self, req: RequestState, n: int, hits: Sequence[int], *, cache: bool = True) -> bool:
+        """Give ``req`` KV slots for ``n`` more tokens after its cached ``hits``; False if the pool is short.
+
+        ``cache``: register the full blocks this step computes in the prefix cache now (False: a pull does it
+        when the KV lands)."""
         bs = self.config.block_size
         computed = req.num_computed + len(hits) * bs
         need = -(-(computed + n) // bs) - len(req.blocks) - len(hits)
@@ -403,15 +480,20 @@ class Engine:
             fresh = self.pool.allocate(need)
             assert fresh is not None
             req.blocks.extend(fresh)
-        full = (computed + n) // bs
+        if cache:
+            self._cache_blocks(req, (computed + n) // bs)
+        return True
+
+    def _cache_blocks(self, req: RequestState, full: int) -> None:
+        """Register ``req``'s first ``full`` blocks in the prefix cache (those not registered yet)."""
         if full > req.num_cached_blocks:
             self._extend_hashes(req, full)
             for j in range(req.num_cached_blocks, full):
                 self.pool.cache(req.blocks[j], req.hashes[j])
             req.num_cached_blocks = full
-        return True
 
     def _preempt(self, req: RequestState) -> None:
+        req.remote_prefill = False  # recompute mode: a preempted request prefills here, from its prefix cache
         self.pool.release(req.blocks[::-1])
         req.blocks = []
         req.num_computed = 0
@@ -433,7 +515,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            waiting=len(self._waiting),
+            waiting=len(self._waiting) + len(self._loading),
             running=len(self._running),
             kv_usage=self.pool.usage,
             num_gpu_blocks=self.config.num_gpu_blocks,
@@ -459,6 +541,8 @@ class Engine:
         self._live.clear()
         self._waiting.clear()
         self._running.clear()
+        self._loading.clear()
+        self._link_free_s = float("-inf")
         self._step = None
         self.pool = BlockPool(self.config.num_gpu_blocks, enable_caching=self.config.enable_prefix_caching)
         return dropped
