@@ -175,6 +175,9 @@ class EngineStats:
     preemptions: int
     steps: int
     busy_s: float
+    prefill_tokens: int = 0  # prompt tokens computed here (prefill passes)
+    pulled_tokens: int = 0  # prompt tokens whose KV was pulled from a prefill server (remote prefill)
+    max_step_s: float = 0.0  # the longest step: a long prefill stalls every sequence in its batch this long
 
 
 @dataclass(slots=True)
@@ -205,6 +208,9 @@ class Engine:
         self.preemptions = 0
         self.steps = 0
         self.busy_s = 0.0
+        self.prefill_tokens = 0
+        self.pulled_tokens = 0
+        self.max_step_s = 0.0
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -332,6 +338,7 @@ class Engine:
                 prefill += n
             context += req.num_computed + n
             lora = lora or req.lora is not None
+        self.prefill_tokens += prefill
         duration = cfg.timing.step_s(prefill_tokens=prefill, decode_seqs=decode, context_tokens=context, lora=lora)
         duration = duration * cfg.slowdown + stall_s
         self._step = _Step(now, now + duration, scheduled)
@@ -390,6 +397,7 @@ class Engine:
         self._step = None
         self.steps += 1
         self.busy_s += step.end_s - step.start_s
+        self.max_step_s = max(self.max_step_s, step.end_s - step.start_s)
         end = step.end_s
         updated: list[RequestState] = []
         any_finished = False
@@ -431,6 +439,7 @@ class Engine:
             return False
         req.status = Status.LOADING
         req.transfer_tokens = pulled
+        self.pulled_tokens += pulled
         start = max(now, self._link_free_s)
         req.ready_s = self._link_free_s = start + pulled * self.config.kv_transfer_s_per_token
         req.scheduled_s = max(now, req.arrival_s)
@@ -528,6 +537,9 @@ class Engine:
             preemptions=self.preemptions,
             steps=self.steps,
             busy_s=self.busy_s,
+            prefill_tokens=self.prefill_tokens,
+            pulled_tokens=self.pulled_tokens,
+            max_step_s=self.max_step_s,
         )
 
     def reset(self, now: float) -> list[RequestState]:

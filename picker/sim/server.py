@@ -443,6 +443,9 @@ class SimServer:
                 "preemptions": s.preemptions,
                 "steps": s.steps,
                 "busy_s": s.busy_s,
+                "prefill_tokens": s.prefill_tokens,
+                "pulled_tokens": s.pulled_tokens,
+                "max_step_s": s.max_step_s,
                 "driver_max_lag_s": self.driver.max_lag_s,
                 "crashes": self.crashes,
             }

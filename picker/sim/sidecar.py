@@ -8,9 +8,11 @@ In llm-d the gateway sends a request to the decode pod's port, where this sideca
 2. a prefiller not in the allowlist: answers 403 (llm-d's SSRF protection: only the pool's pods may be named);
 3. else sends the prefill first: the same body with ``kv_transfer_params`` = ``{do_remote_decode: true,
    do_remote_prefill: false, remote_engine_id / remote_block_ids / remote_host / remote_port: null}``, ``stream``
-   false, no ``stream_options``, ``max_tokens`` 1 (and ``max_completion_tokens`` 1 for chat), a fresh
-   ``x-request-id``, to ``http://<prefiller><path>``. A prefill answered with an error status is relayed as is; a
-   prefiller that cannot be reached is a 502;
+   false, no ``stream_options``, ``max_tokens`` 1 (and ``max_completion_tokens`` 1 for chat), no ``min_tokens``,
+   a fresh ``x-request-id``, to ``http://<prefiller><path>``. (llm-d leaves ``min_tokens`` in, and vLLM refuses
+   ``min_tokens`` > ``max_tokens`` with a 400: a request asking for a minimum length could not be
+   disaggregated.) A prefill answered with an error status is relayed as is; a prefiller that cannot be reached
+   is a 502;
 4. then sends the original request (its ``stream``, ``stream_options`` and token limits restored) with the
    prefiller's ``kv_transfer_params`` to the decode server, and streams its answer back.
 
@@ -84,6 +86,7 @@ def prefill_body(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
     out["stream"] = False
     out.pop("stream_options", None)
     out["max_tokens"] = 1
+    out.pop("min_tokens", None)
     if path.endswith("/chat/completions"):
         out["max_completion_tokens"] = 1
     return out

@@ -39,7 +39,11 @@ def test_link_speed_in_seconds_per_token() -> None:
 
 
 def test_a_remote_prefill_waits_for_its_transfer_then_takes_one_decode_shaped_step() -> None:
-    [state] = finished(run_virtual(Engine(CONFIG), [(0.0, remote("r", ids(200), out=3))]))
+    engine = Engine(CONFIG)
+    [state] = finished(run_virtual(engine, [(0.0, remote("r", ids(200), out=3))]))
+    stats = engine.stats()
+    assert (stats.pulled_tokens, stats.prefill_tokens) == (200, 0)  # its last prompt token ran decode-shaped
+    assert stats.max_step_s == pytest.approx(TIMING.overhead_s + TIMING.decode_s_per_seq)
     transfer = 200 * PER_TOKEN  # nothing cached locally: the whole prompt comes over the link
     step = TIMING.overhead_s + TIMING.decode_s_per_seq  # no prefill pass, no prefill overhead
     assert state.transfer_tokens == 200
@@ -49,9 +53,13 @@ def test_a_remote_prefill_waits_for_its_transfer_then_takes_one_decode_shaped_st
 
 
 def test_the_same_prompt_prefilled_locally_takes_a_prefill_step() -> None:
-    [state] = finished(run_virtual(Engine(CONFIG), [(0.0, SimRequest("r", ids(200), max_tokens=3, ignore_eos=True))]))
+    engine = Engine(CONFIG)
+    [state] = finished(run_virtual(engine, [(0.0, SimRequest("r", ids(200), max_tokens=3, ignore_eos=True))]))
     prefill_step = TIMING.overhead_s + TIMING.prefill_overhead_s + 200 * TIMING.prefill_s_per_token
     assert state.ttft_s == pytest.approx(prefill_step)
+    stats = engine.stats()
+    assert (stats.pulled_tokens, stats.prefill_tokens) == (0, 200)
+    assert stats.max_step_s == pytest.approx(prefill_step)
 
 
 def test_only_what_is_not_cached_locally_is_pulled() -> None:

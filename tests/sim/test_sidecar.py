@@ -50,11 +50,12 @@ async def _post(pool: Pool, body: dict[str, Any], headers: dict[str, str] | None
         return resp.status, orjson.loads(raw) if raw else None, resp.headers.get("x-backend", "")
 
 
-BODY = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+BODY = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 8, "min_tokens": 8, "ignore_eos": True}
 
 
 def test_prefill_body_is_llm_d_nixl_v2() -> None:
     doc = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 99}
+    doc["min_tokens"] = 99
     out = prefill_body(doc, "/v1/chat/completions")
     assert out["kv_transfer_params"] == {
         "do_remote_decode": True,
@@ -67,6 +68,7 @@ def test_prefill_body_is_llm_d_nixl_v2() -> None:
     assert out["stream"] is False
     assert "stream_options" not in out
     assert out["max_tokens"] == out["max_completion_tokens"] == 1
+    assert "min_tokens" not in out
     assert doc["max_tokens"] == 99  # the original is untouched
 
 
@@ -144,7 +146,7 @@ async def test_other_paths_reach_the_decode_server(pool: Pool) -> None:
 
 
 async def test_the_prefill_server_answers_with_transfer_params(pool: Pool) -> None:
-    body = {**BODY, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    body = {**BODY, "max_tokens": 1, "min_tokens": 0, "kv_transfer_params": {"do_remote_decode": True}}
     async with pool.http.post(pool.prefill.url + "/v1/completions", data=orjson.dumps(body)) as resp:
         answer = await resp.json()
     assert answer["choices"][0]["finish_reason"] == "remote_decode"
