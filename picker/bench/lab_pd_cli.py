@@ -41,7 +41,7 @@ from picker.sim.config import DEFAULT_LINK_GBPS, KV_BYTES_PER_TOKEN_8B, link_s_p
 __all__ = ["DEFAULT_DECIDERS", "DEFAULT_FLEETS", "WORKLOADS", "PdRow", "configure", "run", "run_matrix"]
 
 DEFAULT_FLEETS = "8,2p6d,4p4d,6p2d"
-DEFAULT_DECIDERS = "always,prefix:512"
+DEFAULT_DECIDERS = "always,prefix:16,prefix:512,length:1024"
 SEED = 0
 
 
