@@ -238,3 +238,41 @@ def test_legacy_pd_profile_handler_threshold(threshold: int, prompt: str, disagg
 def test_bad_handler_parameters_are_config_errors(handler: str, message: str) -> None:
     with pytest.raises(errors.ConfigError, match=message):
         _scheduler(_config(handler))
+
+
+# llm-d's file-discovery P/D example (always disaggregate, random pickers, the deprecated headers plugin listed).
+LLMD_ALWAYS = (
+    "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+    + """\
+plugins:
+  - type: random-picker
+  - type: disagg-headers-handler
+  - type: decode-filter
+  - type: prefill-filter
+  - type: always-disagg-pd-decider
+  - type: disagg-profile-handler
+    parameters:
+      deciders:
+        prefill: always-disagg-pd-decider
+
+schedulingProfiles:
+  - name: decode
+    plugins:
+      - pluginRef: decode-filter
+      - pluginRef: random-picker
+  - name: prefill
+    plugins:
+      - pluginRef: prefill-filter
+      - pluginRef: random-picker
+"""
+)
+
+
+def test_llm_d_always_disaggregate_sample() -> None:
+    scheduler = _scheduler(LLMD_ALWAYS)
+    req = request(prompt="hi")
+    for _ in range(8):
+        result = scheduler.schedule(req, [*PREFILL, *DECODE])
+        assert result.targets[0].key in _keys(DECODE)
+        headers = scheduler.request_headers(req, result)
+        assert headers[hdr.PREFILLER] in _keys(PREFILL)  # both plugins set it, to the same value
