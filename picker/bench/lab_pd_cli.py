@@ -124,6 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS, help="KV transfer link, Gb/s")
     parser.add_argument("--quick", action="store_true", help="CI size: 200 requests, one rate per workload")
     parser.add_argument("--json", type=Path, help="write every run's numbers")
+    parser.add_argument("--markdown", type=Path, help="write the tables as Markdown (as in docs/performance.md)")
 
 
 def _policy(text: str) -> Any:
@@ -210,6 +211,25 @@ def print_table(title: str, rows: Sequence[PdRow]) -> None:
     console.print(table)
 
 
+def markdown(rows: Sequence[PdRow]) -> str:
+    """One Markdown table per workload: every rate, fleet and decider."""
+    out: list[str] = []
+    for name in dict.fromkeys(r.workload for r in rows):
+        out.append(f"**{name}** ({WORKLOADS[name].about})\n")
+        columns = ["offered", "fleet", "decider", "P/D", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"]
+        columns += ["max ITL p90", "done/s"]
+        out.append("| " + " | ".join(columns) + " |")
+        out.append("|" + "---|" * len(columns))
+        for r in (r for r in rows if r.workload == name):
+            out.append(
+                f"| {r.rate:g} | {r.fleet} | {r.decider} | {r.disaggregated:.0%} | {_ms(r.ttft_s.p50)} | "
+                f"{_ms(r.ttft_s.p90)} | {r.tpot_s.p50 * 1e3:.1f} | {r.tpot_s.p90 * 1e3:.1f} | "
+                f"{_ms(r.max_itl_s.p90)} | {r.throughput_rps:.2f} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f}" if seconds < 10 else f"{seconds:.1f} s"
 
@@ -263,4 +283,7 @@ def run(args: argparse.Namespace) -> int:
         doc = {"requests": requests, "seed": args.seed, "link_gbps": args.link_gbps, "runs": runs}
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         print(f"wrote {args.json}")
+    if args.markdown:
+        args.markdown.write_text(markdown(rows))
+        print(f"wrote {args.markdown}")
     return 0

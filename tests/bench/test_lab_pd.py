@@ -141,6 +141,9 @@ def test_quick_benchmark_run(capsys: pytest.CaptureFixture[str]) -> None:
     # Decoding never waits behind a 3072-token prefill in the disaggregated fleet.
     for agg, pd in zip(rows[::2], rows[1::2], strict=True):
         assert pd.max_itl_s.p90 < agg.max_itl_s.p90
+    table = lab_pd_cli.markdown(rows)
+    assert table.count("| 4 | 1p3d | always | 100% |") == 1
+    assert table.startswith("**long-prompt**")
 
 
 def test_bad_benchmark_flags(capsys: pytest.CaptureFixture[str]) -> None:
