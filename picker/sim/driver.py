@@ -13,6 +13,7 @@ simulated servers run than the CPU can pace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -98,9 +99,13 @@ class EngineDriver:
             else:  # back to back, but never before a request it may admit arrived
                 start = max(prev_end, self._last_submit_s)
             end = engine.begin_step(start, stall_s=self._stall_s() if self._stall_s else 0.0)
-            if end is None:  # work exists but none is schedulable (cannot happen with a sane config)
+            if end is None:  # work exists but none is schedulable: KV transfers in flight (or a bad config)
                 prev_end = None
-                await asyncio.sleep(0.001)
+                wakeup = engine.next_wakeup_s
+                timeout = 0.001 if wakeup is None else max(0.0, wakeup - self.clock())
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
             delay = end - self.clock()
             if delay > 0:

@@ -49,6 +49,7 @@ _REJECT_STATUS = {
     "bad_request": (400, "BadRequestError"),
 }
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REMOTE_DECODE = "remote_decode"  # the finish reason of a prefill served for another server
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +327,7 @@ class SimServer:
             min_tokens=parsed.min_tokens,
             ignore_eos=parsed.ignore_eos,
             lora=None if parsed.model == cfg.model else parsed.model,
+            remote_prefill=parsed.remote_prefill,
         )
         try:
             handle = self.driver.submit(sim_req)
@@ -355,14 +357,22 @@ class SimServer:
         if state.finish_reason == "abort":
             return self._aborted(request)
         text = self.tokenizer.decode(state.output_ids)
+        finish_reason: str = state.finish_reason or "stop"
+        transfer = None
+        if parsed.remote_decode:  # a prefill for a decode server: tell it where the KV is
+            finish_reason = REMOTE_DECODE
+            block_size = self.engine.config.block_size
+            host, port = self.config.host, self.port
+            transfer = api.remote_transfer_params(self.name, host, port, rid, state.prompt_tokens, block_size)
         body = api.completion_body(
             parsed.kind,
             rid,
             int(time.time()),
             parsed.model,
             text,
-            state.finish_reason or "stop",
+            finish_reason,
             api.usage(state.prompt_tokens, len(state.output_ids), state.cached_tokens),
+            transfer,
         )
         return web.Response(body=body, content_type="application/json")
 
@@ -386,7 +396,9 @@ class SimServer:
             if sent == 0 and n and kind == "chat":
                 parts.append(api.chunk(kind, rid, created, model, role=True))
             for i in range(sent, n):
-                reason = state.finish_reason if state.finished and i == n - 1 else None
+                reason: str | None = state.finish_reason if state.finished and i == n - 1 else None
+                if reason is not None and parsed.remote_decode:
+                    reason = REMOTE_DECODE
                 parts.append(api.chunk(kind, rid, created, model, text=token_text(out[i]), finish_reason=reason))
             sent = n
             if state.finished:
@@ -499,6 +511,9 @@ class SimServer:
                 "preemptions": s.preemptions,
                 "steps": s.steps,
                 "busy_s": s.busy_s,
+                "prefill_tokens": s.prefill_tokens,
+                "pulled_tokens": s.pulled_tokens,
+                "max_step_s": s.max_step_s,
                 "driver_max_lag_s": self.driver.max_lag_s,
                 "crashes": self.crashes,
             }
