@@ -151,7 +151,7 @@ async def test_picker_refusing_a_request_is_bypassed(tmp_path: Path) -> None:
     """An ImmediateResponse (here a 400 for a body that is not JSON) becomes the shim's status; epp.js ignores
     every non-200, so nginx forwards the request to the pool anyway: the client never sees picker's 400."""
     async with stack(tmp_path) as s, aiohttp.ClientSession() as session:
-        status, headers, _ = await post(session, f"{s.url}/v1/completions", b"{not json")
+        status, _, _ = await post(session, f"{s.url}/v1/completions", b"{not json")
     assert status == 500  # the backend itself fails on the broken JSON: nginx did forward it
     assert sum(len(b.served) for b in s.backends) == 0
     (line,) = (tmp_path / "nginx" / "access.log").read_text().splitlines()
