@@ -110,6 +110,22 @@ async function getEndpoint(r) {
 export default {getEndpoint};
 """
 
+# The route's location with an EndpointPicker (NGF's "inference" location type) ...
+_INFERENCE_ROUTE = """\
+        location / {
+            js_var $inference_workload_endpoint;
+            set $epp_internal_path __INTERNAL__;
+            set $epp_host __EPP_HOST__;
+            set $epp_port __EPP_PORT__;
+            js_content epp.getEndpoint;
+        }"""
+# ... and without one: the pool's upstream directly (the baseline the demo compares with).
+_POOL_ROUTE = """\
+        location / {
+            js_var $inference_workload_endpoint;
+            rewrite ^ __INTERNAL__ last;
+        }"""
+
 _NGINX_CONF = """\
 load_module __JS_MODULE__;
 daemon off;
@@ -163,13 +179,7 @@ __SERVERS__
         client_body_buffer_size 16m;
         client_body_in_single_buffer on;
 
-        location / {
-            js_var $inference_workload_endpoint;
-            set $epp_internal_path __INTERNAL__;
-            set $epp_host __EPP_HOST__;
-            set $epp_port __EPP_PORT__;
-            js_content epp.getEndpoint;
-        }
+__ROUTE__
 
         location __INTERNAL__ {
             internal;
@@ -194,8 +204,12 @@ def render(
     picker_port: int,
     backends: Sequence[tuple[str, int]],
     failure_mode: str = FAIL_CLOSE,
+    with_picker: bool = True,
 ) -> Path:
-    """Write ``nginx.conf`` and ``epp.js`` into ``directory`` (the nginx prefix); returns the config's path."""
+    """Write ``nginx.conf`` and ``epp.js`` into ``directory`` (the nginx prefix); returns the config's path.
+
+    ``with_picker=False``: the route goes to the pool's upstream with no EndpointPicker (nginx alone).
+    """
     if failure_mode not in (FAIL_OPEN, FAIL_CLOSE):
         raise ValueError(f"failure mode must be {FAIL_OPEN} or {FAIL_CLOSE}, not {failure_mode!r}")
     if not backends:
@@ -215,6 +229,7 @@ def render(
         .replace("__SERVERS__", "\n".join(f"        server {host}:{port};" for host, port in backends))
         .replace("__DEFAULT__", UPSTREAM if failure_mode == FAIL_OPEN else "invalid-backend-ref")
         .replace("__LISTEN__", str(listen_port))
+        .replace("__ROUTE__", _INFERENCE_ROUTE if with_picker else _POOL_ROUTE)
         .replace("__INTERNAL__", INTERNAL_PATH)
         .replace("__EPP_HOST__", picker_host)
         .replace("__EPP_PORT__", str(picker_port))

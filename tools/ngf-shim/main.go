@@ -27,6 +27,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -156,5 +159,21 @@ func main() {
 		BaseContext:       func(net.Listener) context.Context { return context.Background() },
 	}
 	log.Printf("ngf-epp-shim listening on %s (tls: %v)", *listen, !*disableTLS)
-	log.Fatal(server.ListenAndServe())
+	// SIGTERM/SIGINT: stop accepting, let requests in flight finish, exit 0 (as a container should).
+	stop, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	failed := make(chan error, 1)
+	go func() { failed <- server.ListenAndServe() }()
+	select {
+	case err := <-failed:
+		log.Print(err)
+		os.Exit(1)
+	case <-stop.Done():
+	}
+	ctx, done := context.WithTimeout(context.Background(), 10*time.Second)
+	defer done()
+	if err := server.Shutdown(ctx); err != nil {
+		log.Print(err)
+		os.Exit(1)
+	}
 }
