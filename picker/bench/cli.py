@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "schedule": ("picker.bench.schedule", "one scheduling cycle in process, by endpoint count and prompt size"),
     "scrape-parse": ("picker.bench.scrape_parse", "metrics page parser vs prometheus_client"),
     "lab": ("picker.bench.lab_cli", "policy lab: routing policies against simulated engines in virtual time"),
+    "gateways": ("picker.bench.gateways", "Envoy and NGINX Gateway Fabric paths: what picker's path adds per request"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
 }
 

@@ -46,7 +46,7 @@ from picker.bench import envoy, lab_report, ngf, procs
 from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, run_load
 
-__all__ = ["DemoPlan", "configure", "plan_from_args", "run"]
+__all__ = ["DemoPlan", "configure", "phase", "plan_from_args", "run"]
 
 RR, PICKER = "envoy round robin", "envoy + picker"
 NGF_POOL, NGF_PICKER = "nginx pool upstream", "ngf + picker"
@@ -207,12 +207,12 @@ async def _main(
     rows = []
     for i, label in enumerate((NGF_POOL, NGF_PICKER) if plan.gateway == "ngf" else (RR, PICKER)):
         print(f"phase {i + 1}/2: {label}", flush=True)
-        result, servers = await _phase(label, plan, workload, envoy_bin, started)
+        result, servers = await phase(label, plan, workload, envoy_bin, started)
         rows.append(lab_report.make_row(label, result, servers))
     return rows
 
 
-async def _phase(
+async def phase(
     label: str, plan: DemoPlan, workload: wl.Workload, envoy_bin: str, on_start: Callable[[procs.Child], None]
 ) -> tuple[LoadResult, list[str]]:
     ports = [procs.free_port() for _ in range(plan.sims)]
