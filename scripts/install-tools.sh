@@ -8,6 +8,7 @@
 #   .tools/bin/ngf-epp-shim the NGINX Gateway Fabric endpoint-picker shim stand-in (go build of tools/ngf-shim;
 #                           NGF's own module is not served by the Go module proxy reachable here)
 #   nginx + njs             Debian's nginx and libnginx-mod-http-js (apt-get), for NGF's data path
+#   buildah, mmdebstrap     Debian's packages (apt-get), to build the container image (scripts/build-image.sh)
 # Idempotent: each tool is skipped when the pinned version is already there; a re-run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,15 +48,19 @@ if [ ! -x "$BIN/ngf-epp-shim" ] || [ -n "$(find "$SHIM_SRC" -newer "$BIN/ngf-epp
   (cd "$SHIM_SRC" && GOFLAGS=-buildvcs=false go build -trimpath -o "$BIN/ngf-epp-shim" .)
 fi
 
-# nginx with njs, from Debian's packages (NGINX Gateway Fabric's data path: tests/e2e/test_ngf.py, picker demo).
-if [ ! -x /usr/sbin/nginx ] || [ ! -f /usr/lib/nginx/modules/ngx_http_js_module.so ]; then
+# From Debian's packages: nginx with njs (NGINX Gateway Fabric's data path: tests/e2e/test_ngf.py, picker demo)
+# and buildah + mmdebstrap (the container image: scripts/build-image.sh, tests/deploy/test_image.py).
+APT_PACKAGES="nginx libnginx-mod-http-js buildah mmdebstrap"
+if [ ! -x /usr/sbin/nginx ] || [ ! -f /usr/lib/nginx/modules/ngx_http_js_module.so ] \
+   || ! command -v buildah >/dev/null || ! command -v mmdebstrap >/dev/null; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "install-tools: run as root, or: sudo apt-get install nginx libnginx-mod-http-js" >&2; exit 1
+    echo "install-tools: run as root, or: sudo apt-get install $APT_PACKAGES" >&2; exit 1
   fi
-  echo "install-tools: apt-get install nginx libnginx-mod-http-js"
+  echo "install-tools: apt-get install $APT_PACKAGES"
   apt-get -o DPkg::Lock::Timeout=300 update -qq
+  # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-    nginx libnginx-mod-http-js >/dev/null
+    $APT_PACKAGES >/dev/null
 fi
 
 # One small venv for the PyPI-shipped tools, kept apart from the project's .venv (nothing imports them).
