@@ -164,6 +164,8 @@ class Director:
 
     async def route(self, req: InferenceRequest, *, received_at: float | None = None) -> Routed:
         """Choose the destination of a request whose body was parsed. Raises ``PickerError``."""
+        if self.tracer is None:  # the hot path without tracing: no context managers at all
+            return await self._route(req, received_at)
         with tracing.child(self.tracer, tracing.ORCHESTRATION_SPAN):
             return await self._route(req, received_at)
 
@@ -179,11 +181,14 @@ class Director:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         if self.admitter is not None:
             snapshot = self.store.current()
-            with tracing.child(self.tracer, tracing.ADMISSION_SPAN, **{"picker.priority": req.priority}) as span:
-                began = self.clock()
+            if self.tracer is None:
                 await self.admitter.admit(req, eps)
-                if span is not None:
-                    span.set_attribute("picker.admission.wait_ms", (self.clock() - began) * 1000.0)
+            else:
+                with tracing.child(self.tracer, tracing.ADMISSION_SPAN, **{"picker.priority": req.priority}) as span:
+                    began = self.clock()
+                    await self.admitter.admit(req, eps)
+                    if span is not None:
+                        span.set_attribute("picker.admission.wait_ms", (self.clock() - began) * 1000.0)
             if self.store.current() is not snapshot:  # it waited in a queue: schedule on today's endpoints
                 eps = self.candidates(req)
                 if not eps:
@@ -197,6 +202,8 @@ class Director:
         The reference picks a random pod; picker runs the scheduler on what the headers tell (queue, KV and
         in-flight scorers still apply) and falls back to a random candidate if the filters leave none.
         """
+        if self.tracer is None:
+            return self._route_without_body(req, received_at)
         with tracing.child(self.tracer, tracing.ORCHESTRATION_SPAN, **{"picker.body": False}):
             return self._route_without_body(req, received_at)
 
@@ -215,18 +222,26 @@ class Director:
         return self._routed(req, result, targets, received)
 
     def _schedule(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
+        if self.tracer is None:
+            return self._run_scheduler(req, eps)
         with tracing.child(self.tracer, tracing.SCHEDULING_SPAN) as span:
+            assert span is not None
             try:
-                result = self.scheduler.schedule(req, eps)
+                result = self._run_scheduler(req, eps)
             except errors.ResourceExhausted:
-                accounting.scheduling_failed(req)
-                if span is not None:
-                    _scheduling_attributes(span, eps, None)
+                _scheduling_attributes(span, eps, None)
                 raise
-            accounting.scheduled(req, result)
-            if span is not None:
-                _scheduling_attributes(span, eps, result)
+            _scheduling_attributes(span, eps, result)
             return result
+
+    def _run_scheduler(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
+        try:
+            result = self.scheduler.schedule(req, eps)
+        except errors.ResourceExhausted:
+            accounting.scheduling_failed(req)
+            raise
+        accounting.scheduled(req, result)
+        return result
 
     def _routed(
         self, req: InferenceRequest, result: SchedulingResult | None, targets: tuple[Endpoint, ...], received: float

@@ -25,7 +25,6 @@ request is routed and a clean close after; anything else raised here is a bug fo
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 from collections.abc import Sequence
@@ -115,8 +114,9 @@ class Stream:
         if msg.HasField("metadata_context"):
             self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
-        # The request span is current while a message is handled, so the director's spans become its children.
-        with tracing.use(self.span) if self.span is not None else contextlib.nullcontext():
+        if self.span is None:
+            return await self._dispatch(kind, msg)
+        with tracing.use(self.span):  # current while a message is handled: the director's spans are its children
             return await self._dispatch(kind, msg)
 
     async def _dispatch(self, kind: str | None, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
