@@ -12,12 +12,15 @@
 #
 # Cached between runs under $PICKER_IMAGE_CACHE (default ~/.cache/picker-image): the base tarball (remade when
 # its package list changes) and buildah's storage with --layers, so an unchanged dependency layer is reused.
-# Needs: buildah, mmdebstrap (scripts/install-tools.sh installs them), root (chroot isolation, vfs storage).
+# Storage driver: overlay (PICKER_IMAGE_STORAGE_DRIVER=vfs where the kernel can't mount overlayfs; vfs copies the
+# whole filesystem for every layer: minutes and gigabytes).
+# Needs: buildah, mmdebstrap (scripts/install-tools.sh installs them), root (chroot isolation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE=${PICKER_IMAGE_CACHE:-${HOME:-/root}/.cache/picker-image}
 IMAGE=${PICKER_IMAGE:-localhost/picker:dev}
+DRIVER=${PICKER_IMAGE_STORAGE_DRIVER:-overlay}
 BASE_PACKAGES="python3.11,python3.11-venv,python-is-python3,ca-certificates"
 BASE_TAG=localhost/picker-base:bookworm-py311-$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-12)
 mkdir -p "$CACHE"
@@ -25,9 +28,9 @@ mkdir -p "$CACHE"
 for tool in buildah mmdebstrap; do
   command -v "$tool" >/dev/null || { echo "build-image: $tool is needed (scripts/install-tools.sh installs it)" >&2; exit 1; }
 done
-[ "$(id -u)" -eq 0 ] || { echo "build-image: run as root (buildah with chroot isolation and vfs storage)" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || { echo "build-image: run as root (buildah with chroot isolation)" >&2; exit 1; }
 
-buildah() { command buildah --storage-driver vfs --root "$CACHE/storage" --runroot "$CACHE/run" "$@"; }
+buildah() { command buildah --storage-driver "$DRIVER" --root "$CACHE/storage-$DRIVER" --runroot "$CACHE/run" "$@"; }
 
 if ! buildah inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
   ROOTFS=$CACHE/bookworm-py311.tar
