@@ -34,7 +34,7 @@ import zmq
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from picker import __version__, admission, errors
+from picker import __version__, admission, compat, errors
 from picker.control.director import Admitter, Director, Resolver
 from picker.control.policy_resolver import PolicyResolver
 from picker.discovery import kubesettings, static
@@ -52,10 +52,12 @@ from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
 from picker.settings import ScrapeSettings, ServerSettings, Settings
-from picker.telemetry import REGISTRY, kvmetrics, logs
+from picker.telemetry import REGISTRY, kvmetrics, logs, pprof, tracing
 from picker.telemetry import metrics as m
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
     from picker.discovery.leaderelection import LeaderElector
 
 __all__ = ["Running", "configure", "parse_duration", "run", "serve", "serving", "settings_from_args"]
@@ -193,6 +195,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level (wins over --v)")
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
     kubesettings.configure(parser)
+    compat.configure(parser, parse_duration)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -200,8 +203,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     endpoints = static.parse_endpoints(args.endpoints) if args.endpoints else ()
     if args.endpoints_file:
         endpoints = (*endpoints, *static.load_endpoints_file(args.endpoints_file))
+    reference = compat.options_from_args(args)
     if args.log_level:
         level = args.log_level
+    elif reference.log_level is not None:
+        level = reference.log_level
     elif args.v is not None:
         level = logging.getLevelName(logs.level_from_verbosity(args.v)).lower()
     else:
@@ -224,6 +230,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             inflight_timeout_s=args.inflight_timeout,
             grace_period_s=args.grace_period,
             termination_grace_s=args.termination_grace,
+            tracing=reference.tracing,
+            enable_pprof=reference.enable_pprof,
+            health_checking=reference.health_checking,
         ),
         scrape=dataclasses.replace(
             base.scrape, interval_s=args.refresh_metrics_interval, staleness_s=args.metrics_staleness_threshold
@@ -282,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     logs.configure(settings.log_level, settings.log_format)
+    for warning in compat.unhonoured(args):
+        log.warning(warning)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(serve(settings, kube=kube))
@@ -343,6 +354,7 @@ async def serving(
     pool_name: str = STATIC_POOL_NAME,
     kube: kubesettings.KubeSettings | None = None,
     policies: PolicyStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Running]:
     """Start picker in this event loop; stop it (gracefully) on exit.
 
@@ -351,8 +363,17 @@ async def serving(
     gRPC and health bind ephemeral ports (read them from the result); a metrics port of 0 disables /metrics.
     ``kube``: discover endpoints, objectives and rewrites from Kubernetes (``policies`` receives the latter); with
     ``kube.leader_election`` campaign for the pool's Lease, and report ready only while leading.
+    ``tracer_provider``: trace with this provider; by default one from the OTEL_* environment when
+    ``settings.server.tracing`` is on (stopped, spans flushed, on exit), else no tracing.
     """
     server_settings = settings.server
+    own_provider = tracer_provider is None and server_settings.tracing
+    if own_provider:
+        try:
+            tracer_provider = tracing.start()
+        except ValueError as exc:
+            raise errors.ConfigError(str(exc)) from exc
+    tracer = tracer_provider.get_tracer("picker", __version__) if tracer_provider is not None else None
     store = store if store is not None else EndpointStore()
     if settings.static_endpoints:
         static.publish_static(store, settings.static_endpoints)
@@ -375,6 +396,7 @@ async def serving(
         clock=clock,
         settings=server_settings,
         resolver=resolver,
+        tracer=tracer,
         # Default admission from the config: flow control (featureGates: [flowControl]) or shedding.
         admitter=admitter
         if admitter is not None
@@ -398,6 +420,8 @@ async def serving(
         ]
     )
     servicer.add_to_server(extproc, grpc_server)
+    if server_settings.health_checking:  # the reference's --health-checking: Envoy health-checks this port
+        health.add_to_server(health_servicer, grpc_server)
     certificate: tls.CertificatePair | None = None
     address = _address(server_settings.host, server_settings.grpc_port)
     if server_settings.secure_serving:
@@ -418,7 +442,9 @@ async def serving(
     running: Running | None = None
     try:
         await health_server.start()
-        metrics_runner = await _start_metrics(server_settings.host, server_settings.metrics_port)
+        metrics_runner = await _start_metrics(
+            server_settings.host, server_settings.metrics_port, pprof_routes=server_settings.enable_pprof
+        )
         await grpc_server.start()
         running = Running(
             settings=settings,
@@ -486,6 +512,8 @@ async def serving(
             await precise.close()
         if kv_collector is not None:
             REGISTRY.unregister(kv_collector)
+        if own_provider and tracer_provider is not None:  # flushing queued spans blocks: not on the loop
+            await asyncio.get_running_loop().run_in_executor(None, tracing.stop, tracer_provider)
 
 
 @dataclass
@@ -625,8 +653,10 @@ async def _guard(name: str, start: Callable[[], Awaitable[None]]) -> None:
         backoff_s = min(backoff_s * 2, 30.0)
 
 
-async def _start_metrics(host: str, port: int) -> web.AppRunner | None:
-    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams."""
+async def _start_metrics(host: str, port: int, *, pprof_routes: bool = False) -> web.AppRunner | None:
+    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams.
+
+    ``pprof_routes``: also ``/debug/pprof/`` (``--enable-pprof``, telemetry/pprof.py)."""
     if not port:
         return None
 
@@ -636,6 +666,8 @@ async def _start_metrics(host: str, port: int) -> web.AppRunner | None:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    if pprof_routes:
+        pprof.add_routes(app)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -39,6 +39,9 @@ class ServerSettings:
     inflight_timeout_s: float = 300.0  # release a lease when no response phase ever arrives
     grace_period_s: float = 5.0  # SIGTERM: refuse new streams after this, then wait for in-flight ones
     termination_grace_s: float = 120.0
+    tracing: bool = False  # --tracing: OpenTelemetry spans, exported per OTEL_* (telemetry/tracing.py)
+    enable_pprof: bool = False  # --enable-pprof: /debug/pprof/ on the metrics port (telemetry/pprof.py)
+    health_checking: bool = False  # --health-checking: gRPC health on the ext_proc port as well
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "kv-index": ("picker.bench.kv_index", "KV-block index: memory per block, KV-event ingest rate, lookup time"),
     "kv-lab": ("picker.bench.kv_lab", "lab: precise vs approximate vs no prefix affinity, KV events, replicas"),
     "kv-live": ("picker.bench.kv_live", "live: precise vs approximate vs none, real sims, picker replicas, Envoy"),
+    "gateways": ("picker.bench.gateways", "Envoy and NGINX Gateway Fabric paths: what picker's path adds per request"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
     "lab-pd": ("picker.bench.lab_pd_cli", "policy lab: prefill/decode disaggregated fleets vs aggregated ones"),
 }

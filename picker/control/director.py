@@ -38,7 +38,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from picker import errors
 from picker.control import accounting
@@ -50,6 +50,10 @@ from picker.request import rewrite, subset
 from picker.request.model import InferenceRequest
 from picker.scheduling.framework import PluginTiming, ResponseInfo, SchedulingResult
 from picker.settings import ServerSettings
+from picker.telemetry import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
 
 __all__ = [
     "DEFAULT_OUTPUT_TOKENS",
@@ -155,6 +159,7 @@ class Director:
         admitter: Admitter | None = None,
         rng: random.Random | None = None,
         tokens: TokenSource | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -166,6 +171,7 @@ class Director:
         self.tokens = tokens
         self._on_release = admitter.released if isinstance(admitter, ReleaseListener) else None
         self._rng = rng or random.Random()
+        self.tracer = tracer  # None: no tracing (telemetry/tracing.py)
         # Held leases: (deadline, seq, routed); seq breaks ties without comparing Routed.
         self._held: list[tuple[float, int, Routed]] = []
         self._seq = itertools.count()
@@ -180,6 +186,12 @@ class Director:
 
     async def route(self, req: InferenceRequest, *, received_at: float | None = None) -> Routed:
         """Choose the destination of a request whose body was parsed. Raises ``PickerError``."""
+        if self.tracer is None:  # the hot path without tracing: no context managers at all
+            return await self._route(req, received_at)
+        with tracing.child(self.tracer, tracing.ORCHESTRATION_SPAN):
+            return await self._route(req, received_at)
+
+    async def _route(self, req: InferenceRequest, received_at: float | None) -> Routed:
         received = self.clock() if received_at is None else received_at
         target = req.headers.get(hdr.MODEL_REWRITE)
         if target and target != req.target_model:
@@ -191,7 +203,14 @@ class Director:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         if self.admitter is not None:
             snapshot = self.store.current()
-            await self.admitter.admit(req, eps)
+            if self.tracer is None:
+                await self.admitter.admit(req, eps)
+            else:
+                with tracing.child(self.tracer, tracing.ADMISSION_SPAN, **{"picker.priority": req.priority}) as span:
+                    began = self.clock()
+                    await self.admitter.admit(req, eps)
+                    if span is not None:
+                        span.set_attribute("picker.admission.wait_ms", (self.clock() - began) * 1000.0)
             if self.store.current() is not snapshot:  # it waited in a queue: schedule on today's endpoints
                 eps = self.candidates(req)
                 if not eps:
@@ -209,6 +228,12 @@ class Director:
         The reference picks a random pod; picker runs the scheduler on what the headers tell (queue, KV and
         in-flight scorers still apply) and falls back to a random candidate if the filters leave none.
         """
+        if self.tracer is None:
+            return self._route_without_body(req, received_at)
+        with tracing.child(self.tracer, tracing.ORCHESTRATION_SPAN, **{"picker.body": False}):
+            return self._route_without_body(req, received_at)
+
+    def _route_without_body(self, req: InferenceRequest, received_at: float | None) -> Routed:
         received = self.clock() if received_at is None else received_at
         if not self.store.current().endpoints:
             raise errors.Internal(NO_PODS)
@@ -223,6 +248,19 @@ class Director:
         return self._routed(req, result, targets, received)
 
     def _schedule(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
+        if self.tracer is None:
+            return self._run_scheduler(req, eps)
+        with tracing.child(self.tracer, tracing.SCHEDULING_SPAN) as span:
+            assert span is not None
+            try:
+                result = self._run_scheduler(req, eps)
+            except errors.ResourceExhausted:
+                _scheduling_attributes(span, eps, None)
+                raise
+            _scheduling_attributes(span, eps, result)
+            return result
+
+    def _run_scheduler(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
         try:
             result = self.scheduler.schedule(req, eps)
         except errors.ResourceExhausted:
@@ -399,6 +437,24 @@ class Director:
             accounting.plugin_timings(self.scheduler.post_response(routed.req, info))
         except Exception:  # a plugin bug must not break the response path
             log.exception("post_response plugin failed", extra={"request_id": routed.req.request_id})
+
+
+_MAX_LISTED_CANDIDATES = 64  # a span lists at most this many candidate endpoints (the count is always there)
+
+
+def _scheduling_attributes(span: Span, eps: Sequence[Endpoint], result: SchedulingResult | None) -> None:
+    """A scheduling cycle on its span: candidates, the chosen endpoint(s), each plugin's scores per profile."""
+    if not span.is_recording():
+        return
+    span.set_attribute("picker.candidates.count", len(eps))
+    span.set_attribute("picker.candidates", [e.key for e in eps[:_MAX_LISTED_CANDIDATES]])
+    if result is None:
+        return
+    span.set_attribute("picker.endpoint", result.targets[0].key if result.targets else "")
+    span.set_attribute("picker.targets", [e.key for e in result.targets])
+    span.set_attribute("picker.profile", result.primary_profile)
+    span.set_attribute("picker.scheduling.duration_ms", result.duration_s * 1000.0)
+    span.set_attribute("picker.scores", tracing.json_attribute(result.explain()["profiles"]))
 
 
 def expected_output_tokens(req: InferenceRequest) -> int:

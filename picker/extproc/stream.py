@@ -31,7 +31,7 @@ import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from envoy.config.core.v3 import base_pb2
@@ -48,6 +48,10 @@ from picker.request.model import InferenceRequest
 from picker.request.parse import parse_request
 from picker.request.subset import parse_subset
 from picker.settings import ServerSettings
+from picker.telemetry import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["EXPLAIN_HEADER", "Phase", "Stream", "StreamEnv"]
 
@@ -104,6 +108,7 @@ class Stream:
         self._subset: object = _UNSET
         self._served: str | None = None
         self.response: ResponsePath | None = None  # set when the response phase starts
+        self.span: Span | None = None  # gateway.request, with tracing on (telemetry/tracing.py)
 
     # -- dispatch ----------------------------------------------------------------------------------------
 
@@ -113,6 +118,12 @@ class Stream:
         if msg.HasField("metadata_context"):
             self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
+        if self.span is None:
+            return await self._dispatch(kind, msg)
+        with tracing.use(self.span):  # current while a message is handled: the director's spans are its children
+            return await self._dispatch(kind, msg)
+
+    async def _dispatch(self, kind: str | None, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         try:
             if kind == "request_headers":
                 return await self._request_headers(msg)
@@ -144,6 +155,32 @@ class Stream:
                 self.env.director.hold(routed)  # the request may still be running upstream
         self.phase = Phase.CLOSED
         self.done = True
+        if self.span is not None:
+            self._end_span(self.span)
+
+    def _start_span(self) -> None:
+        tracer = self.env.director.tracer
+        if tracer is None:
+            return
+        from opentelemetry.trace import SpanKind
+
+        self.span = tracer.start_span(
+            tracing.REQUEST_SPAN,
+            context=tracing.extract(self.headers),
+            kind=SpanKind.SERVER,
+            attributes={"picker.gateway": self.profile.name, "picker.body_mode": self.mode.value},
+        )
+
+    def _end_span(self, span: Span) -> None:
+        if span.is_recording():
+            req = self.routed.req if self.routed is not None else self.req
+            if req is not None:
+                span.set_attribute("gen_ai.request.model", req.model)
+                span.set_attribute("picker.target_model", req.target_model)
+                span.set_attribute("picker.request_id", req.request_id)
+            if self.routed is not None:
+                span.set_attribute("picker.destination", self.routed.destination)
+        span.end()
 
     # -- request path ------------------------------------------------------------------------------------
 
@@ -164,6 +201,13 @@ class Stream:
             self.expect_response = config.response_body_mode != _NO_BODY_MODE
             self._partial = config.request_body_mode == _PARTIAL_MODE
         self.phase = Phase.REQUEST
+        self._start_span()
+        if self.span is None:
+            return await self._answer_headers(msg)
+        with tracing.use(self.span):  # on_message made no span current: it did not exist yet
+            return await self._answer_headers(msg)
+
+    async def _answer_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         if msg.request_headers.end_of_stream:
             self._request_ended = True
             return [await self._route_on_headers()]
@@ -285,6 +329,8 @@ class Stream:
             set_headers.append((hdr.CONTENT_LENGTH, str(content_length)))
         if hdr.REQUEST_ID not in self.headers:
             set_headers.append((hdr.REQUEST_ID, routed.req.request_id))
+        if self.span is not None:  # the model server's spans join the trace as children of this request's
+            set_headers.extend(tracing.inject(self.span))
         if self.env.settings.explain_header and routed.result is not None:
             set_headers.append((EXPLAIN_HEADER, orjson.dumps(routed.result.explain()).decode()))
         plugin_headers = routed.headers
@@ -399,6 +445,8 @@ class Stream:
 
     def _fail(self, err: errors.PickerError) -> Sequence[pb.ProcessingResponse]:
         self.env.director.record_error(err, self.req)
+        if self.span is not None:
+            tracing.fail(self.span, err)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request failed", extra={"status": err.status, "error": err.wire_text})
         self.done = True

@@ -34,6 +34,11 @@ def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "picker demo --pd" in capsys.readouterr().err
 
 
+def test_pd_with_the_ngf_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.run(parse("--pd", "--gateway", "ngf")) == 2
+    assert "--pd runs through Envoy only" in capsys.readouterr().err
+
+
 def test_decode_servers_sit_behind_sidecars_and_roles_split_the_processes() -> None:
     servers = demo_pd._servers(("prefill", "prefill", "decode", "decode"))
     assert [s.name for s in servers] == ["prefill-1", "prefill-2", "decode-1", "decode-2"]

@@ -8,6 +8,7 @@ values the schema or the templates must reject, with a readable message; NOTES.t
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ ENGINES = ("vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve")
 # `picker serve` flags (picker/app.py). Anything else in the args is a chart bug — e.g. the reference chart's
 # deprecated per-metric-name flags (reference defect 14).
 PICKER_FLAGS = {
+    "tracing",
     "grpc-port",
     "grpc-health-port",
     "metrics-port",
@@ -83,6 +85,7 @@ CASES: dict[str, dict[str, Any]] = {
     "pdb": merged(BASE, ie(podDisruptionBudget={"enabled": True, "minAvailable": 0})),
     "pdb-max-unavailable": merged(BASE, ie(podDisruptionBudget={"enabled": True, "maxUnavailable": 1})),
     "tls-secret": merged(BASE, ie(certSecretName="picker-tls")),
+    "tracing": merged(BASE, ie(tracing={"enabled": True, "otelExporterEndpoint": "http://collector:4317"})),
     "plaintext": merged(BASE, ie(secureServing=False, failureMode="FailClose")),
     "multi-port-h2c": merged(
         BASE,
@@ -217,8 +220,12 @@ def test_container_args_are_picker_flags(case: str, rendered: dict[str, Rendered
     assert config_file.removeprefix("/config/") in out.one("ConfigMap")["data"]
     leader = out.one("Deployment")["spec"]["replicas"] > 1
     assert ("ha-enable-leader-election" in args) == leader
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in out.container()["env"]}
-    assert env == {"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in out.container()["env"] if "valueFrom" in e}
+    assert {k: v for k, v in env.items() if not k.startswith("OTEL_")} == {
+        "NAMESPACE": "metadata.namespace",
+        "POD_NAME": "metadata.name",
+    }
+    assert (case == "tracing") == any(k.startswith("OTEL_") for k in env)
 
 
 def test_serving_tls_flags(rendered: dict[str, Rendered]) -> None:
@@ -394,6 +401,22 @@ def test_service_monitor_scrapes_the_metrics_port(rendered: dict[str, Rendered])
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http-metrics", "/metrics", "10s")
+
+
+def test_tracing_renders_the_flag_and_otel_environment(rendered: dict[str, Rendered]) -> None:
+    assert "tracing" not in rendered["defaults"].args()  # picker's default: off
+    out = rendered["tracing"]
+    assert out.args()["tracing"] == "true"
+    env = {e["name"]: e.get("value") for e in out.container()["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4317"
+    assert env["OTEL_SERVICE_NAME"] == "gateway-api-inference-extension/epp"
+    assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == ("parentbased_traceidratio", "0.1")
+    assert "k8s.pod.name=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    from picker import app
+
+    parser = argparse.ArgumentParser()
+    app.configure(parser)
+    assert app.settings_from_args(parser.parse_args(out.container()["args"])).server.tracing is True
 
 
 def test_pod_disruption_budget(rendered: dict[str, Rendered]) -> None:
