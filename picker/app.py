@@ -48,7 +48,7 @@ from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
 from picker.settings import ScrapeSettings, ServerSettings, Settings
-from picker.telemetry import REGISTRY, logs
+from picker.telemetry import REGISTRY, logs, metricsauth
 from picker.telemetry import metrics as m
 
 if TYPE_CHECKING:
@@ -77,7 +77,8 @@ class Running:
     grpc_port: int
     health_port: int
     metrics_port: int | None  # None: the metrics HTTP server is off
-    certificate: tls.CertificatePair | None  # None: plaintext
+    certificate: tls.CertificatePair | None  # None: plaintext; with cert reload, the pair served at start
+    cert_files: tls.CertificateFiles | None = None  # --cert-path with reload: the pair in use, reload count
     supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
     elector: LeaderElector | None = None  # with leader election
 
@@ -113,6 +114,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="TLS on the ext_proc port (default true; --secure-serving=false for plaintext)",
     )
     add("--cert-path", default=None, help="directory with tls.crt and tls.key (default: self-signed at start)")
+    add(
+        "--enable-cert-reload",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=srv.cert_reload,
+        metavar="BOOL",
+        help="serve a rotated --cert-path pair (and --client-ca-file) from the next handshake on, no restart",
+    )
+    add("--client-ca-file", default=None, help="PEM CA bundle: require gateway client certificates it signed (mTLS)")
+    add(
+        "--metrics-endpoint-auth",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=srv.metrics_endpoint_auth,
+        metavar="BOOL",
+        help="/metrics needs a bearer token the Kubernetes API accepts (TokenReview) for GET /metrics",
+    )
+    add("--metrics-auth-token-file", default=None, help="/metrics needs 'Authorization: Bearer <this file's token>'")
     add("--config-file", default=None, help="EndpointPickerConfig YAML file")
     add("--config-text", default=None, help="EndpointPickerConfig YAML text")
     add("--endpoints", default=None, help="static model servers: ip:port[@metrics-url][;engine=E][;name=N],...")
@@ -141,6 +162,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="ignore the proxy's subset hint",
     )
     add("--max-body-bytes", type=int, default=srv.max_body_bytes, help="request bodies over this get 413")
+    add("--max-header-bytes", type=int, default=srv.max_header_bytes, help="request headers over this get 431")
+    add(
+        "--retry-after",
+        type=int,
+        default=srv.retry_after_s,
+        metavar="SECONDS",
+        help="add Retry-After: SECONDS to 429 and 503 answers (0: none)",
+    )
     add(
         "--gateway-profile",
         choices=("auto", "envoy", "nginx", "agentgateway"),
@@ -211,7 +240,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             metrics_port=args.metrics_port,
             secure_serving=args.secure_serving,
             cert_path=args.cert_path,
+            cert_reload=args.enable_cert_reload,
+            client_ca_file=args.client_ca_file,
+            metrics_endpoint_auth=args.metrics_endpoint_auth,
+            metrics_auth_token_file=args.metrics_auth_token_file,
             max_body_bytes=args.max_body_bytes,
+            max_header_bytes=args.max_header_bytes,
+            retry_after_s=args.retry_after,
             gateway_profile=args.gateway_profile,
             disable_subset_filter=args.disable_endpoint_subset_filter,
             explain_header=args.explain_header,
@@ -391,15 +426,9 @@ async def serving(
         ]
     )
     servicer.add_to_server(extproc, grpc_server)
-    certificate: tls.CertificatePair | None = None
     address = _address(server_settings.host, server_settings.grpc_port)
-    if server_settings.secure_serving:
-        certificate = (  # ECDSA P-256, not the reference's RSA-4096: see tls.py
-            tls.load_pair(server_settings.cert_path)
-            if server_settings.cert_path
-            else tls.self_signed((server_settings.host, os.environ.get("POD_IP", "")))
-        )
-    grpc_port = _bind(grpc_server, address, tls.server_credentials(certificate) if certificate else None)
+    certificate, cert_files, credentials = _tls(server_settings)
+    grpc_port = _bind(grpc_server, address, credentials)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
@@ -410,7 +439,9 @@ async def serving(
     running: Running | None = None
     try:
         await health_server.start()
-        metrics_runner = await _start_metrics(server_settings.host, server_settings.metrics_port)
+        metrics_runner = await _start_metrics(
+            server_settings.host, server_settings.metrics_port, *_metrics_authorizer(server_settings, kube)
+        )
         await grpc_server.start()
         running = Running(
             settings=settings,
@@ -424,6 +455,7 @@ async def serving(
             health_port=health_port,
             metrics_port=server_settings.metrics_port or None,
             certificate=certificate,
+            cert_files=cert_files,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
@@ -470,6 +502,23 @@ async def serving(
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
+
+
+def _tls(
+    srv: ServerSettings,
+) -> tuple[tls.CertificatePair | None, tls.CertificateFiles | None, grpc.ServerCredentials | None]:
+    """The ext_proc port's credentials: none (plaintext), files (reloaded on change) or a self-signed pair."""
+    if not srv.secure_serving:
+        if srv.client_ca_file:
+            raise errors.ConfigError("--client-ca-file needs --secure-serving")
+        return None, None, None
+    if srv.cert_path and srv.cert_reload:
+        files = tls.CertificateFiles(srv.cert_path, srv.client_ca_file)
+        return files.pair, files, files.credentials()
+    # ECDSA P-256, not the reference's RSA-4096: see tls.py
+    pair = tls.load_pair(srv.cert_path) if srv.cert_path else tls.self_signed((srv.host, os.environ.get("POD_IP", "")))
+    client_ca = tls.load_client_ca(srv.client_ca_file) if srv.client_ca_file else None
+    return pair, None, tls.server_credentials(pair, client_ca)
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -542,17 +591,61 @@ async def _guard(name: str, start: Callable[[], Awaitable[None]]) -> None:
         backoff_s = min(backoff_s * 2, 30.0)
 
 
-async def _start_metrics(host: str, port: int) -> web.AppRunner | None:
-    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams."""
+MetricsAuthorizer = Callable[[str | None], Awaitable[metricsauth.Verdict]]
+
+
+def _metrics_authorizer(
+    srv: ServerSettings, kube: kubesettings.KubeSettings | None
+) -> tuple[MetricsAuthorizer | None, Callable[[], Awaitable[None]] | None]:
+    """``--metrics-auth-token-file`` (a static token) or ``--metrics-endpoint-auth`` (Kubernetes TokenReview),
+    and what closes it."""
+    if srv.metrics_auth_token_file and srv.metrics_endpoint_auth:
+        raise errors.ConfigError("give --metrics-auth-token-file or --metrics-endpoint-auth, not both")
+    if srv.metrics_auth_token_file:
+        token = metricsauth.StaticToken(srv.metrics_auth_token_file)
+
+        async def static_verdict(authorization: str | None) -> metricsauth.Verdict:
+            return token.verdict(authorization)
+
+        return static_verdict, None
+    if srv.metrics_endpoint_auth:
+        from picker.discovery import tokenreview  # imports kubernetes-asyncio
+
+        reviewer = tokenreview.Reviewer(kube or kubesettings.KubeSettings())
+        return reviewer.verdict, reviewer.close
+    return None, None
+
+
+async def _start_metrics(
+    host: str,
+    port: int,
+    authorize: MetricsAuthorizer | None = None,
+    close: Callable[[], Awaitable[None]] | None = None,
+) -> web.AppRunner | None:
+    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams.
+
+    With ``authorize`` every scrape must pass it: 401 (with ``WWW-Authenticate: Bearer``) or 403 otherwise."""
     if not port:
         return None
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
+        if authorize is not None:
+            verdict = await authorize(request.headers.get("Authorization"))
+            if verdict is metricsauth.Verdict.UNAUTHENTICATED:
+                return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": "Bearer"})
+            if verdict is not metricsauth.Verdict.ALLOWED:
+                return web.Response(status=403, text="Forbidden\n")
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    if close is not None:
+
+        async def on_cleanup(_: web.Application) -> None:
+            await close()
+
+        app.on_cleanup.append(on_cleanup)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -23,6 +23,12 @@ InferencePool (v1 and v1alpha2), InferenceObjective and InferenceModelRewrite
   ``metadata.resourceVersion``: a stale one ⇒ 409 ``Conflict``, as optimistic concurrency works on a real
   apiserver; without one the update is unconditional; no such object ⇒ 404; ``DELETE …/{plural}/{name}`` ⇒ a
   Success Status, or 404. Each bumps the resourceVersion and reaches open watches like a Python-API change.
+- Reviews (cluster-scoped creates, answered and not stored): ``POST /apis/authentication.k8s.io/v1/tokenreviews``
+  authenticates ``spec.token`` against ``tokens`` (token → user info); ``POST
+  /apis/authorization.k8s.io/v1/subjectaccessreviews`` allows a ``nonResourceAttributes`` request when
+  ``(user, verb, path)`` is in ``non_resource_grants`` (or a group of the user is, as ``group:<name>``). Both are
+  recorded in ``requests`` as verb ``create`` on ``tokenreviews.authentication.k8s.io`` /
+  ``subjectaccessreviews.authorization.k8s.io``.
 - A CRD that is "not installed" answers 404 (Status ``NotFound``) to list, get and watch; uninstalling one ends its
   open watches and drops its objects.
 
@@ -235,6 +241,8 @@ class FakeApiServer:
         self._watch_opened = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.tokens: dict[str, Obj] = {}  # TokenReview: token -> status.user ({"username", "uid", "groups"})
+        self.non_resource_grants: set[tuple[str, str, str]] = set()  # SubjectAccessReview: (user, verb, path)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -246,6 +254,8 @@ class FakeApiServer:
             app.router.add_get(prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
             app.router.add_put(prefix + "/namespaces/{ns}/{plural}/{name}", self._update)
             app.router.add_delete(prefix + "/namespaces/{ns}/{plural}/{name}", self._delete)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -393,6 +403,25 @@ class FakeApiServer:
             await self._watch_opened.wait_for(lambda: self.open_watches(resource) >= count)
 
     # --- HTTP ------------------------------------------------------------------------------------------------
+
+    async def _token_review(self, request: web.Request) -> web.Response:
+        self.requests.append(("create", "tokenreviews.authentication.k8s.io", {}))
+        self.authorizations.append(request.headers.get("Authorization"))
+        review = orjson.loads(await request.read())
+        user = self.tokens.get(str(review.get("spec", {}).get("token", "")))
+        review["status"] = {"authenticated": True, "user": user} if user is not None else {"authenticated": False}
+        return _json(201, review)
+
+    async def _access_review(self, request: web.Request) -> web.Response:
+        self.requests.append(("create", "subjectaccessreviews.authorization.k8s.io", {}))
+        self.authorizations.append(request.headers.get("Authorization"))
+        review = orjson.loads(await request.read())
+        spec = review.get("spec", {})
+        attrs = spec.get("nonResourceAttributes") or {}
+        subjects = [spec.get("user", ""), *(f"group:{g}" for g in spec.get("groups") or [])]
+        allowed = any((s, attrs.get("verb"), attrs.get("path")) in self.non_resource_grants for s in subjects)
+        review["status"] = {"allowed": allowed}
+        return _json(201, review)
 
     def _rtype(self, request: web.Request) -> ResourceType | None:
         info = request.match_info
