@@ -48,7 +48,7 @@ from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
 from picker.settings import ScrapeSettings, ServerSettings, Settings
-from picker.telemetry import REGISTRY, logs, metricsauth
+from picker.telemetry import REGISTRY, logs, metricsauth, runtime
 from picker.telemetry import metrics as m
 
 if TYPE_CHECKING:
@@ -434,6 +434,9 @@ async def serving(
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
+    runtime_collectors = runtime.register_runtime_collectors(
+        asyncio.get_running_loop(), leases=lambda: inflight.open_leases, streams=lambda: extproc.active
+    )
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
     metrics_runner: web.AppRunner | None = None
     running: Running | None = None
@@ -502,6 +505,8 @@ async def serving(
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
+        for extra in runtime_collectors:
+            REGISTRY.unregister(extra)
 
 
 def _tls(

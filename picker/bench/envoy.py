@@ -75,8 +75,15 @@ def render(
     failure_mode_allow: bool = False,
     picker_tls: bool = True,
     with_picker: bool = True,
+    extra_picker_ports: tuple[int, ...] = (),
+    access_log_path: str | None = None,
 ) -> str:
-    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline)."""
+    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline).
+
+    ``extra_picker_ports``: more picker replicas in the ext_proc cluster (round robin over streams); a replica that
+    refuses connections is ejected at its first failure (outlier detection on local-origin errors) for 5 s.
+    ``access_log_path``: one JSON line per request (start time, upstream cluster and host, status, flags,
+    duration), what the reliability suite reads to see where each request went."""
     http_filters: list[dict[str, Any]] = [
         {
             "name": "strip-client-destination",
@@ -130,16 +137,21 @@ def render(
             "endpoints": [
                 {
                     "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {"socket_address": {"address": "127.0.0.1", "port_value": picker_port}}
-                            }
-                        }
+                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+                        for port in (picker_port, *extra_picker_ports)
                     ]
                 }
             ],
         },
     }
+    if extra_picker_ports:
+        picker_cluster["outlier_detection"] = {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "interval": "0.5s",
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 50,
+        }
     if picker_tls:
         # Like the reference gateway setup: TLS to the EPP's self-signed certificate, not verified.
         picker_cluster["transport_socket"] = {
@@ -194,6 +206,7 @@ def render(
                                         "http_connection_manager.v3.HttpConnectionManager",
                                         "stat_prefix": "gateway",
                                         "stream_idle_timeout": "120s",
+                                        **_access_log(access_log_path),
                                         "route_config": {
                                             "name": "pool",
                                             "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": routes}],
@@ -212,6 +225,32 @@ def render(
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def _access_log(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    fields = {
+        "start": "%START_TIME(%s.%3f)%",
+        "cluster": "%UPSTREAM_CLUSTER%",
+        "upstream": "%UPSTREAM_HOST%",
+        "code": "%RESPONSE_CODE%",
+        "flags": "%RESPONSE_FLAGS%",
+        "duration_ms": "%DURATION%",
+        "details": "%RESPONSE_CODE_DETAILS%",
+    }
+    return {
+        "access_log": [
+            {
+                "name": "envoy.access_loggers.file",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                    "path": path,
+                    "log_format": {"json_format": fields},
+                },
+            }
+        ]
+    }
+
+
 @contextlib.asynccontextmanager
 async def run_envoy(
     config_yaml: str, admin_port: int, *, binary: str | None = None, ready_timeout_s: float = 30.0
@@ -223,7 +262,7 @@ async def run_envoy(
         cfg = Path(tmp) / "envoy.yaml"
         cfg.write_text(config_yaml)
         argv = [binary or envoy_binary(), "-c", str(cfg), "--disable-hot-restart", "--log-level", "warn"]
-        argv += ["--concurrency", "1"]
+        argv += ["--concurrency", "1", "--file-flush-interval-msec", "200"]
         async with procs.spawn("envoy", argv) as child:
             await child.wait_http(f"http://127.0.0.1:{admin_port}/ready", ready_timeout_s)
             yield child

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 
 from picker.sim.config import PRESETS, EngineConfig, preset
-from picker.sim.faults import ERROR_TYPES, Faults
+from picker.sim.faults import ERROR_TYPES, METRICS_MODES, Faults
 from picker.sim.server import ServerConfig, SimServer
 
 __all__ = ["configure", "engine_config", "ports", "run", "serve"]
@@ -66,6 +66,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--spike-ms", type=float, default=0.0)
     f.add_argument("--crash-after", type=int, help="crash at every N-th request")
     f.add_argument("--crash-down-s", type=float, help="seconds a crash keeps the port closed (default: forever)")
+    f.add_argument("--metrics-delay-s", type=float, default=0.0, help="/metrics answers after this long")
+    f.add_argument("--metrics-mode", choices=METRICS_MODES, default="ok", help="garbage or huge /metrics pages")
+    f.add_argument("--startup-s", type=float, default=0.0, help="cold start: open the port after this long")
 
     o = parser.add_argument_group("other")
     o.add_argument("--legacy-metric-names", action="store_true", help="also export vllm:gpu_cache_usage_perc")
@@ -126,6 +129,8 @@ def _faults(args: argparse.Namespace) -> Faults:
         spike_s=args.spike_ms / 1000.0,
         crash_after=args.crash_after,
         crash_down_s=args.crash_down_s,
+        metrics_delay_s=args.metrics_delay_s,
+        metrics_mode=args.metrics_mode,
     )
 
 
@@ -173,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             legacy_metric_names=args.legacy_metric_names,
             pod_name=os.environ.get("POD_NAME"),
             pod_namespace=os.environ.get("POD_NAMESPACE"),
+            startup_s=args.startup_s,
         )
         for i, port in enumerate(port_list)
     ]

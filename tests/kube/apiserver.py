@@ -36,7 +36,8 @@ Test API (call from the test's event loop): ``create``/``replace``/``patch``/``d
 resourceVersion is one global counter, incremented per change), ``compact()``, ``cut_watches()`` (abort every
 open watch connection mid-stream), ``expire_watches()``, ``set_installed(resource, bool)``, ``fail_next(...)``
 (answer the next requests with an error status; verbs list, watch, get, create, update, delete),
-``send_bookmarks()``; ``requests`` records every call, ``count(verb, resource)`` counts them and
+``send_bookmarks()``, ``go_down()``/``come_back()`` (the port closes, then reopens);
+``requests`` records every call, ``count(verb, resource)`` counts them and
 ``verbs(resource)`` lists the verbs used (the RBAC a client needs), ``responses`` keeps the (verb, resource, HTTP
 status) of every get and write, ``authorizations`` the Authorization headers; ``wait_watching(resource)`` waits
 until a watch is open.
@@ -240,6 +241,8 @@ class FakeApiServer:
         self._failures: list[_Failure] = []
         self._watch_opened = asyncio.Condition()
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._port = 0
         self.url = ""
         self.tokens: dict[str, Obj] = {}  # TokenReview: token -> status.user ({"username", "uid", "groups"})
         self.non_resource_grants: set[tuple[str, str, str]] = set()  # SubjectAccessReview: (user, verb, path)
@@ -258,11 +261,29 @@ class FakeApiServer:
         app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
+        self._site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await self._site.start()
         host, port = self._runner.addresses[0][:2]
+        self._port = port
         self.url = f"http://{host}:{port}"
         return self.url
+
+    async def go_down(self) -> None:
+        """The API server becomes unreachable: the port closes and every open connection (watches too) is cut.
+        Objects may still be changed through the test API meanwhile; ``come_back`` reopens the same port."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        self.cut_watches()
+        if self._runner is not None and self._runner.server is not None:
+            for conn in list(self._runner.server.connections):
+                if conn.transport is not None:
+                    conn.transport.abort()
+
+    async def come_back(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self._port, reuse_address=True)
+        await self._site.start()
 
     async def close(self) -> None:
         for watch in list(self._watches):
