@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "schedule": ("picker.bench.schedule", "one scheduling cycle in process, by endpoint count and prompt size"),
     "scrape-parse": ("picker.bench.scrape_parse", "metrics page parser vs prometheus_client"),
     "lab": ("picker.bench.lab_cli", "policy lab: routing policies against simulated engines in virtual time"),
+    "soak": ("picker.bench.soak", "a long steady run with pods churning: picker's memory, fds, tasks, leases"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
 }
 
