@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +152,8 @@ class Result:
     latency_s: float
     status: int  # 0: no HTTP answer (connection error or client timeout)
     backend: str = ""  # x-backend of the server that answered
+    tag: str = ""  # what the load's ``tag`` function said of this request (e.g. its objective)
+    retry_after: str | None = None
 
 
 @dataclass
@@ -274,9 +276,18 @@ def write_kubeconfig(path: Path, server: str) -> Path:
 class Load:
     """Open-loop load: a request every ``1/rate`` s whatever the answers, each with a client timeout."""
 
-    def __init__(self, url: str, *, rate: float = 15.0, timeout_s: float = 8.0, max_tokens: int = 8) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        rate: float = 15.0,
+        timeout_s: float = 8.0,
+        max_tokens: int = 8,
+        headers: Callable[[int], dict[str, str]] | None = None,
+    ) -> None:
         self.url = url
         self.rate = rate
+        self.headers = headers
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
         self.results: list[Result] = []
@@ -294,31 +305,38 @@ class Load:
 
     async def _one(self, http: aiohttp.ClientSession, i: int) -> None:
         body = {"model": MODEL, "prompt": f"{PROMPT} #{i % 50}", "max_tokens": self.max_tokens, "ignore_eos": True}
+        headers = self.headers(i) if self.headers is not None else {}
         sent, started = time.time(), time.monotonic()
-        status, backend = 0, ""
+        status, backend, retry_after = 0, "", None
         try:
             async with http.post(
-                self.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                self.url + "/v1/completions",
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             ) as resp:
                 await resp.read()
                 status, backend = resp.status, resp.headers.get("x-backend", "")
+                retry_after = resp.headers.get("retry-after")
         except (aiohttp.ClientError, TimeoutError, OSError):
             status = 0
-        self.results.append(Result(sent, time.monotonic() - started, status, backend))
+        tag = ",".join(headers.values())
+        self.results.append(Result(sent, time.monotonic() - started, status, backend, tag, retry_after))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task[None]] = set()
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as http:
-            start = loop.time()
+            next_at = loop.time()
             i = 0
             while not self._stop.is_set():
                 task = asyncio.create_task(self._one(http, i))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 i += 1
-                delay = start + i / self.rate - loop.time()
+                next_at += 1.0 / self.rate  # read each time: a scenario may change the rate mid-run
+                delay = next_at - loop.time()
                 if delay > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), delay)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tests.kube.apiserver import FakeApiServer
-from tests.kube.objects import pod, pool
+from tests.kube.objects import objective, pod, pool
 from tests.reliability.harness import (
     POD_HOSTS,
     Load,
@@ -367,3 +368,111 @@ SCENARIOS: dict[str, Scenario] = {
     "picker_killed_fail_close": picker_killed_fail_close,
     "picker_replica_killed": picker_replica_killed,
 }
+
+
+# -- overload ------------------------------------------------------------------------------------------------
+
+OVERLOAD_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- type: queue-scorer
+- type: max-score-picker
+- type: concurrency-detector
+  parameters: {maxConcurrency: 4}
+saturationDetector: {pluginRef: concurrency-detector}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+flowControl:
+  maxRequests: 40
+  defaultRequestTTL: 3s
+"""
+
+
+async def overload(long: bool) -> Row:
+    """Two pods of 4 slots each (~0.75 s a request: ~10 req/s capacity); 0.5x capacity, then a burst at 5x, then
+    0.5x again. Flow control (concurrency detector, queue of 40, 3 s TTL), objectives `interactive` (priority 10)
+    and `batch` (0), half the requests each; picker answers 429/503 with `Retry-After: 2`."""
+    capacity = 10.0
+    burst_s = 20.0 if long else 6.0
+    port = shared_port(POD_HOSTS[:2])
+    async with FakeApiServer() as api:
+        api.create("inferencepools", pool(ports=(port,)))
+        for i, host in enumerate(POD_HOSTS[:2]):
+            api.create("pods", pod(f"p{i}", host))
+        api.create("inferenceobjectives", objective("interactive", 10))
+        api.create("inferenceobjectives", objective("batch", 0))
+        with tempfile.TemporaryDirectory() as tmp:
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", api.url)
+            args = (
+                "--pool-name", "pool", "--kubeconfig", str(kubeconfig), "--config-text", OVERLOAD_CONFIG,
+                "--retry-after", "2",
+            )  # fmt: skip
+            sim_args = ("--preset", "h100-8b", "--max-num-seqs", "4")
+            async with stack(sims=2, sim_args=sim_args, endpoints="", picker_args=args, port=port) as st:
+                picker = st.pickers[0]
+
+                def objective_of(i: int) -> dict[str, str]:
+                    return {"x-gateway-inference-objective": "interactive" if i % 2 else "batch"}
+
+                async with Load(st.url, rate=capacity / 2, timeout_s=15, max_tokens=64, headers=objective_of) as load:
+                    await asyncio.sleep(4.0)
+                    rss_base = picker.rss_bytes()
+                    burst_at = time.time()
+                    load.rate = capacity * 5
+                    queue_max, rss_max = 0.0, rss_base
+                    while time.time() - burst_at < burst_s:
+                        await asyncio.sleep(0.25)
+                        queue_max = max(queue_max, await picker.metric("inference_extension_flow_control_queue_size"))
+                        rss_max = max(rss_max, picker.rss_bytes())
+                    load.rate = capacity / 2
+                    calm_at = time.time()
+                    await asyncio.sleep(8.0)
+    results = load.results
+    baseline = [r.latency_s for r in results if r.sent < burst_at and r.status == 200]
+    base_p50 = statistics.median(baseline) if baseline else 0.0
+    during = [r for r in results if burst_at <= r.sent < calm_at]
+    rejected = [r for r in during if r.status in (429, 503)]
+    with_retry_after = sum(1 for r in rejected if r.retry_after == "2")
+    tags = ("interactive", "batch")
+    served = {tag: sum(1 for r in during if r.tag.endswith(tag) and r.status == 200) for tag in tags}
+    sent = {tag: sum(1 for r in during if r.tag.endswith(tag)) for tag in tags}
+    recovered_s = None
+    for start in (calm_at + 0.5 * k for k in range(14)):
+        window = [r.latency_s for r in results if start <= r.sent < start + 1.0 and r.status == 200]
+        if window and statistics.median(window) <= 1.5 * base_p50:
+            recovered_s = start - calm_at
+            break
+    share = {t: served[t] / max(1, sent[t]) for t in served}
+    rss_growth_mb = (rss_max - rss_base) / 2**20
+    lost = sum(1 for r in results if r.status != 200)
+    goal = (
+        queue_max <= 40
+        and rss_growth_mb < 50
+        and share["interactive"] > share["batch"]
+        and len(rejected) > 0
+        and with_retry_after == len(rejected)
+        and recovered_s is not None
+        and recovered_s <= 5.0
+        and all(r.status in (200, 429, 503) for r in results)
+    )
+    row = summarize(
+        f"overload: 5x capacity for {burst_s:g} s, flow control on",
+        results,
+        recovery_s=recovered_s,
+        recovery_what="burst end → p50 back within 1.5x of before",
+        goal_met=goal,
+        notes=(
+            f"queue max {queue_max:.0f} (cap 40); picker RSS {rss_growth_mb:+.1f} MB; served in the burst: "
+            f"interactive {share['interactive']:.0%}, batch {share['batch']:.0%}; "
+            f"{with_retry_after}/{len(rejected)} rejections with Retry-After"
+        ),
+        extra={"queue_max": queue_max, "interactive": share["interactive"], "batch": share["batch"]},
+    )
+    row.lost = lost
+    return row
+
+
+SCENARIOS["overload"] = overload
