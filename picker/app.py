@@ -434,8 +434,8 @@ async def serving(
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
-    runtime_collectors = runtime.register_runtime_collectors(
-        asyncio.get_running_loop(), leases=lambda: inflight.open_leases, streams=lambda: extproc.active
+    runtime_source = runtime.add_source(
+        runtime.Source(asyncio.get_running_loop(), leases=lambda: inflight.open_leases, streams=lambda: extproc.active)
     )
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
     metrics_runner: web.AppRunner | None = None
@@ -505,8 +505,7 @@ async def serving(
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
-        for extra in runtime_collectors:
-            REGISTRY.unregister(extra)
+        runtime.remove_source(runtime_source)
 
 
 def _tls(

@@ -15,6 +15,7 @@ cached; logged once per failure streak): a down API server closes the endpoint r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -53,6 +54,7 @@ class Reviewer:
         self._stack: contextlib.AsyncExitStack | None = None
         self._api: kubeapi.KubeApi | None = None
         self._failing = False
+        self._connecting = asyncio.Lock()  # two first scrapes at once must not open two clients
 
     async def close(self) -> None:
         if self._stack is not None:
@@ -60,15 +62,15 @@ class Reviewer:
             self._stack = self._api = None
 
     async def _connect(self) -> kubeapi.KubeApi:
-        if self._api is None:
-            stack = contextlib.AsyncExitStack()
-            client = await stack.enter_async_context(
-                kubeapi.connect(
-                    api_server=self._kube.api_server, kubeconfig=self._kube.kubeconfig, in_cluster=self._kube.in_cluster
+        async with self._connecting:
+            if self._api is None:
+                stack = contextlib.AsyncExitStack()
+                kube = self._kube
+                client = await stack.enter_async_context(
+                    kubeapi.connect(api_server=kube.api_server, kubeconfig=kube.kubeconfig, in_cluster=kube.in_cluster)
                 )
-            )
-            self._stack, self._api = stack, kubeapi.KubeApi(client, request_timeout_s=5.0)
-        return self._api
+                self._stack, self._api = stack, kubeapi.KubeApi(client, request_timeout_s=5.0)
+            return self._api
 
     async def verdict(self, authorization: str | None) -> Verdict:
         token = bearer_token(authorization)
