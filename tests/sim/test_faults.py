@@ -169,3 +169,26 @@ async def test_metrics_faults_delay_garbage_and_huge() -> None:
         assert b"vllm:num_requests_waiting" in body
     with pytest.raises(ValueError, match="metrics_mode"):
         Faults(metrics_mode="bogus")
+
+
+async def test_cold_start_opens_the_port_only_after_startup_s() -> None:
+    import socket
+
+    from picker.sim.server import ServerConfig, SimServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = SimServer(preset("fast"), ServerConfig(port=port, startup_s=0.5))
+    started = time.monotonic()
+    task = asyncio.create_task(server.start())
+    await asyncio.sleep(0.2)
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
+    await task
+    assert time.monotonic() - started >= 0.5
+    try:
+        async with aiohttp.ClientSession() as http, http.get(server.url + "/health") as resp:
+            assert resp.status == 200
+    finally:
+        await server.stop()
