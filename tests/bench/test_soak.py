@@ -30,3 +30,14 @@ def test_checks_fail_on_growth_and_leaked_leases() -> None:
     report.final_leases = 2
     failed = {name for name, _, ok in report.checks() if not ok}
     assert failed == {"RSS growth after warm-up", "in-flight leases after the load"}
+
+
+def test_plot_draws_every_panel(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from picker.bench.soak import Sample, SoakReport, plot
+
+    samples = [Sample(5.0 * i, 100.0 + i, 20, 10, 1, 2, 0.1, 50, 0, 3) for i in range(10)]
+    path = Path(str(tmp_path)) / "soak.png"
+    plot(SoakReport(SoakSpec(duration_s=50.0), samples=samples), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
