@@ -9,6 +9,7 @@ depends on which server the scheduler happened to prefer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import statistics
 import tempfile
@@ -136,7 +137,7 @@ async def server_5xx(long: bool) -> Row:
         to_victim = sorted(a.start for a in st.accesses() if a.upstream == victim.key and a.start >= t0)
     # The first ejection ends the first run of requests to it; after the ejection (10 s, then 20 s, ...) picker
     # readmits it and 5 more failures eject it again, as Envoy's outlier detection re-probes.
-    ejected_at = next((a for a, b in zip(to_victim, to_victim[1:], strict=False) if b - a > 1.0), None)
+    ejected_at = next((a for a, b in itertools.pairwise(to_victim) if b - a > 1.0), None)
     if ejected_at is None and to_victim:
         ejected_at = to_victim[-1]
     recovery = 0.0 if ejected_at is None else max(0.0, ejected_at - t0)
