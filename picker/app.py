@@ -426,6 +426,9 @@ async def serving(
         ]
     )
     servicer.add_to_server(extproc, grpc_server)
+    # Health on the ext_proc port too (TLS as the port): a gateway can health-check the very port it calls, as the
+    # reference's test Envoy config does; the plaintext health port stays for kubelet probes.
+    health.add_to_server(health_servicer, grpc_server)
     address = _address(server_settings.host, server_settings.grpc_port)
     certificate, cert_files, credentials = _tls(server_settings)
     grpc_port = _bind(grpc_server, address, credentials)

@@ -81,7 +81,8 @@ def render(
     """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline).
 
     ``extra_picker_ports``: more picker replicas in the ext_proc cluster (round robin over streams); a replica that
-    refuses connections is ejected at its first failure (outlier detection on local-origin errors) for 5 s.
+    refuses connections is ejected at its first failure (outlier detection on local-origin errors) and kept out by
+    active gRPC health checks of the ext_proc port (service ``envoy.service.ext_proc.v3.ExternalProcessor``).
     ``access_log_path``: one JSON line per request (start time, upstream cluster and host, status, flags,
     duration), what the reliability suite reads to see where each request went."""
     http_filters: list[dict[str, Any]] = [
@@ -145,11 +146,22 @@ def render(
         },
     }
     if extra_picker_ports:
+        # Active gRPC health checks on the ext_proc port keep a dead or draining replica out; outlier detection
+        # ejects one at its first refused connection, before the next check.
+        picker_cluster["health_checks"] = [
+            {
+                "timeout": "1s",
+                "interval": "1s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
+            }
+        ]
         picker_cluster["outlier_detection"] = {
             "split_external_local_origin_errors": True,
             "consecutive_local_origin_failure": 1,
             "interval": "0.5s",
-            "base_ejection_time": "5s",
+            "base_ejection_time": "30s",
             "max_ejection_percent": 50,
         }
     if picker_tls:
