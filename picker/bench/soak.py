@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import random
 import socket
@@ -134,6 +136,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-s", type=float, default=spec.sample_s)
     parser.add_argument("--seed", type=int, default=spec.seed)
     parser.add_argument("--png", type=Path, help="plot the samples over time")
+    parser.add_argument("--json", type=Path, help="write the samples and checks as JSON")
 
 
 def _duration(text: str) -> float:
@@ -157,6 +160,16 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         plot(report, args.png)
         print(f"plot: {args.png}")
+    if args.json:
+        doc = {
+            "spec": dataclasses.asdict(spec),
+            "samples": [dataclasses.asdict(s) for s in report.samples],
+            "checks": [{"check": n, "value": v, "ok": ok} for n, v, ok in report.checks()],
+            "requests": report.requests,
+            "errors": report.errors,
+            "churn_events": report.churn_events,
+        }
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0 if report.ok() else 1
 
 
