@@ -4,17 +4,18 @@ The reference (GIE ``cmd/epp/runner/options.go`` plus controller-runtime's zap f
 flags that mean nothing for picker, and flags that ask for something picker does not do. All of them are
 *accepted* so a Deployment moving from the reference chart starts; what each one does is its help text, the
 table in docs/configuration.md, and — when a given value can't be honoured — a warning at start.
+``--enable-cert-reload`` and ``--metrics-endpoint-auth`` are picker's own flags (``app.configure``): implemented,
+see extproc/tls.py and discovery/tokenreview.py.
 
 | flag | here |
 |---|---|
 | ``--tracing`` | OpenTelemetry tracing (telemetry/tracing.py); default **false** (reference: true, see the doc) |
 | ``--enable-pprof`` | Python profiling under ``/debug/pprof/`` on the metrics port (telemetry/pprof.py) |
-| ``--health-checking`` | the gRPC health service also on the ext_proc port (Envoy's cluster health check) |
+| ``--health-checking`` | the gRPC health service also on the ext_proc port (Envoy's cluster health check); default
+  **true** here (reference: false): ``--health-checking=false`` leaves it on the health port only |
 | ``--zap-log-level`` | the log level (``debug``, ``info``, ``error``, or a number as ``--v``) |
 | ``--zap-devel``, ``--zap-stacktrace-level``, ``--zap-time-encoding`` | accepted, no effect (log format fixed) |
 | ``--refresh-prometheus-metrics-interval`` | accepted, no effect: pool gauges are computed at each scrape |
-| ``--enable-cert-reload`` | accepted; true warns: a new certificate needs a restart |
-| ``--metrics-endpoint-auth`` | accepted; true warns: ``/metrics`` is served without authentication |
 | ``--model-server-metrics-{scheme,path,port,https-insecure-skip-verify}`` | accepted; a non-default value warns |
 | ``--total-queued-requests-metric`` and the other per-metric names | accepted; a non-vLLM name warns (see below) |
 
@@ -29,7 +30,15 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["METRIC_FLAGS", "ReferenceOptions", "configure", "options_from_args", "parse_bool", "unhonoured"]
+__all__ = [
+    "HEALTH_CHECKING_DEFAULT",
+    "METRIC_FLAGS",
+    "ReferenceOptions",
+    "configure",
+    "options_from_args",
+    "parse_bool",
+    "unhonoured",
+]
 
 # The reference's defaults of the per-metric-name flags (vLLM's names).
 METRIC_FLAGS: dict[str, str] = {
@@ -39,6 +48,9 @@ METRIC_FLAGS: dict[str, str] = {
     "lora-info-metric": "vllm:lora_requests_info",
     "cache-info-metric": "vllm:cache_config_info",
 }
+# --health-checking: on unless turned off (the reference's default is off; picker serves health on the ext_proc port
+# so that a gateway can health-check the port it calls: docs/reliability.md).
+HEALTH_CHECKING_DEFAULT = True
 # Which engine a metric-name prefix belongs to, for the warning's advice.
 _ENGINE_OF_PREFIX = {"sglang:": "sglang", "nv_trt_llm_": "triton", "trtllm_": "trtllm", "vllm:": "vllm"}
 
@@ -47,7 +59,7 @@ _ENGINE_OF_PREFIX = {"sglang:": "sglang", "nv_trt_llm_": "triton", "trtllm_": "t
 class ReferenceOptions:
     tracing: bool = False
     enable_pprof: bool = False
-    health_checking: bool = False
+    health_checking: bool = True  # HEALTH_CHECKING_DEFAULT
     log_level: str | None = None  # from --zap-log-level
 
 
@@ -80,7 +92,11 @@ def configure(parser: argparse.ArgumentParser, duration: Callable[[str], float])
         False,
         "Python profiles at /debug/pprof/ on the metrics port: stacks, cProfile (reference default: true)",
     )
-    flag_bool("--health-checking", False, "serve the gRPC health service on the ext_proc port too")
+    flag_bool(
+        "--health-checking",
+        HEALTH_CHECKING_DEFAULT,
+        "serve the gRPC health service on the ext_proc port too (default true; reference default: false)",
+    )
     add(
         "--zap-log-level",
         type=_zap_level,
@@ -96,10 +112,6 @@ def configure(parser: argparse.ArgumentParser, duration: Callable[[str], float])
         default=5.0,
         metavar="DURATION",
         help="accepted; no effect: picker computes its pool gauges at each /metrics scrape",
-    )
-    flag_bool("--enable-cert-reload", False, "accepted; true warns: picker reads --cert-path at start only")
-    flag_bool(
-        "--metrics-endpoint-auth", False, "accepted; true warns: /metrics has no authentication (reference: true)"
     )
     add("--model-server-metrics-scheme", default="http", help="accepted; only http is scraped (other values warn)")
     add("--model-server-metrics-path", default="/metrics", help="accepted; only /metrics is scraped (others warn)")
@@ -132,12 +144,6 @@ def options_from_args(args: argparse.Namespace) -> ReferenceOptions:
 def unhonoured(args: argparse.Namespace) -> list[str]:
     """A warning for each given value picker can't honour (``picker serve`` logs them at start)."""
     out: list[str] = []
-    if args.enable_cert_reload:
-        out.append("--enable-cert-reload: picker reads the certificate at start only; restart it to load a new one")
-    if args.metrics_endpoint_auth:
-        out.append(
-            "--metrics-endpoint-auth: picker serves /metrics without authentication; restrict it with a NetworkPolicy"
-        )
     if args.model_server_metrics_scheme != "http":
         out.append(f"--model-server-metrics-scheme={args.model_server_metrics_scheme}: picker scrapes over http only")
     if args.model_server_metrics_path != "/metrics":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -14,6 +13,7 @@ import orjson
 
 from picker import app
 from picker.app import Running
+from picker.bench import procs
 from picker.endpoints.store import EndpointStore
 from picker.request.parse import parse_request
 from picker.scheduling.plugins.precise_prefix import PrecisePrefixCacheScorer
@@ -27,23 +27,7 @@ HEADERS = {":path": "/v1/completions", ":method": "POST", "content-type": "appli
 
 
 def free_ports(n: int, *, consecutive: bool = False) -> list[int]:
-    while True:
-        socks = []
-        try:
-            first = socket.socket()
-            first.bind(("127.0.0.1", 0))
-            socks.append(first)
-            base = first.getsockname()[1]
-            for i in range(1, n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i if consecutive else 0))
-                socks.append(s)
-            return sorted(s.getsockname()[1] for s in socks)
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
+    return procs.free_ports(n, consecutive=consecutive)  # outside the ephemeral range
 
 
 def config(socket_port: int) -> str:

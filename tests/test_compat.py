@@ -131,8 +131,6 @@ def test_every_reference_flag_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("flag", "expected"),
     [
-        ("--enable-cert-reload", "restart"),
-        ("--metrics-endpoint-auth=true", "without authentication"),
         ("--model-server-metrics-scheme=https", "http only"),
         ("--model-server-metrics-port=9400", "own port"),
         ("--lora-info-metric=my:lora", "defaultEngine"),
@@ -141,6 +139,18 @@ def test_every_reference_flag_is_accepted() -> None:
 def test_values_picker_cannot_honour_warn(flag: str, expected: str) -> None:
     (warning,) = compat.unhonoured(parser().parse_args([flag]))
     assert expected in warning
+
+
+def test_cert_reload_metrics_auth_and_health_checking_act_without_warnings() -> None:
+    """Issue 11 implements --enable-cert-reload and --metrics-endpoint-auth (tls.py, tokenreview.py): no warning."""
+    args = parser().parse_args(["--enable-cert-reload=true", "--metrics-endpoint-auth=true"])
+    assert compat.unhonoured(args) == []
+    server = app.settings_from_args(args).server
+    assert (server.cert_reload, server.metrics_endpoint_auth, server.health_checking) == (True, True, True)
+    off = app.settings_from_args(
+        parser().parse_args(["--enable-cert-reload=false", "--metrics-endpoint-auth=false", "--health-checking=false"])
+    ).server
+    assert (off.cert_reload, off.metrics_endpoint_auth, off.health_checking) == (False, False, False)
 
 
 @pytest.mark.parametrize(("value", "level"), [("debug", "debug"), ("error", "error"), ("5", "debug"), ("2", "info")])

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "kv-lab": ("picker.bench.kv_lab", "lab: precise vs approximate vs no prefix affinity, KV events, replicas"),
     "kv-live": ("picker.bench.kv_live", "live: precise vs approximate vs none, real sims, picker replicas, Envoy"),
     "gateways": ("picker.bench.gateways", "Envoy and NGINX Gateway Fabric paths: what picker's path adds per request"),
+    "soak": ("picker.bench.soak", "a long steady run with pods churning: picker's memory, fds, tasks, leases"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
     "lab-pd": ("picker.bench.lab_pd_cli", "policy lab: prefill/decode disaggregated fleets vs aggregated ones"),
 }

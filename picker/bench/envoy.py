@@ -78,9 +78,15 @@ def render(
     picker_tls: bool = True,
     with_picker: bool = True,
     extra_picker_ports: Sequence[int] = (),
+    access_log_path: str | None = None,
 ) -> str:
-    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline);
-    ``extra_picker_ports``: more picker replicas, each ext_proc stream going to one of them round robin."""
+    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline).
+
+    ``extra_picker_ports``: more picker replicas in the ext_proc cluster (round robin over streams); a replica that
+    refuses connections is ejected at its first failure (outlier detection on local-origin errors) and kept out by
+    active gRPC health checks of the ext_proc port (service ``envoy.service.ext_proc.v3.ExternalProcessor``).
+    ``access_log_path``: one JSON line per request (start time, upstream cluster and host, status, flags,
+    duration), what the reliability suite reads to see where each request went."""
     http_filters: list[dict[str, Any]] = [
         {
             "name": "strip-client-destination",
@@ -141,6 +147,25 @@ def render(
             ],
         },
     }
+    if extra_picker_ports:
+        # Active gRPC health checks on the ext_proc port keep a dead or draining replica out; outlier detection
+        # ejects one at its first refused connection, before the next check.
+        picker_cluster["health_checks"] = [
+            {
+                "timeout": "1s",
+                "interval": "1s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
+            }
+        ]
+        picker_cluster["outlier_detection"] = {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "interval": "0.5s",
+            "base_ejection_time": "30s",
+            "max_ejection_percent": 50,
+        }
     if picker_tls:
         # Like the reference gateway setup: TLS to the EPP's self-signed certificate, not verified.
         picker_cluster["transport_socket"] = {
@@ -195,6 +220,7 @@ def render(
                                         "http_connection_manager.v3.HttpConnectionManager",
                                         "stat_prefix": "gateway",
                                         "stream_idle_timeout": "120s",
+                                        **_access_log(access_log_path),
                                         "route_config": {
                                             "name": "pool",
                                             "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": routes}],
@@ -213,6 +239,32 @@ def render(
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def _access_log(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    fields = {
+        "start": "%START_TIME(%s.%3f)%",
+        "cluster": "%UPSTREAM_CLUSTER%",
+        "upstream": "%UPSTREAM_HOST%",
+        "code": "%RESPONSE_CODE%",
+        "flags": "%RESPONSE_FLAGS%",
+        "duration_ms": "%DURATION%",
+        "details": "%RESPONSE_CODE_DETAILS%",
+    }
+    return {
+        "access_log": [
+            {
+                "name": "envoy.access_loggers.file",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                    "path": path,
+                    "log_format": {"json_format": fields},
+                },
+            }
+        ]
+    }
+
+
 @contextlib.asynccontextmanager
 async def run_envoy(
     config_yaml: str, admin_port: int, *, binary: str | None = None, ready_timeout_s: float = 30.0
@@ -224,7 +276,7 @@ async def run_envoy(
         cfg = Path(tmp) / "envoy.yaml"
         cfg.write_text(config_yaml)
         argv = [binary or envoy_binary(), "-c", str(cfg), "--disable-hot-restart", "--log-level", "warn"]
-        argv += ["--concurrency", "1"]
+        argv += ["--concurrency", "1", "--file-flush-interval-msec", "200"]
         async with procs.spawn("envoy", argv) as child:
             await child.wait_http(f"http://127.0.0.1:{admin_port}/ready", ready_timeout_s)
             yield child

@@ -44,6 +44,7 @@ from picker import errors
 from picker.control import accounting
 from picker.endpoints.inflight import InflightTracker, Lease
 from picker.endpoints.model import Endpoint
+from picker.endpoints.outliers import OutlierDetector
 from picker.endpoints.store import EndpointStore
 from picker.request import headers as hdr
 from picker.request import rewrite, subset
@@ -175,6 +176,7 @@ class Director:
         # Held leases: (deadline, seq, routed); seq breaks ties without comparing Routed.
         self._held: list[tuple[float, int, Routed]] = []
         self._seq = itertools.count()
+        self.outliers = OutlierDetector()
 
     # -- request path ------------------------------------------------------------------------------------
 
@@ -360,6 +362,7 @@ class Director:
         if first_token is not None and output_tokens and output_tokens > 1:
             self.inflight.observe(key, tpot_s=(now - first_token) / (output_tokens - 1))
         self._finish(routed)
+        self._outlier(key, status, now)
         accounting.completed(
             routed.req,
             duration_s=duration,
@@ -417,10 +420,34 @@ class Director:
         return sum(1 for _, _, r in self._held if not r.finished)
 
     async def run_expiry(self, *, interval_s: float = 1.0) -> None:
-        """Background task: sweep held leases until cancelled."""
+        """Background task: sweep held leases and end outlier ejections until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
             self.expire()
+            self.readmit_outliers()
+
+    def _outlier(self, key: str, status: int | None, now: float) -> None:
+        snap = self.store.current()
+        if snap.get(key) is None or not self.outliers.record(key, status, now, len(snap)):
+            return
+        log.warning(
+            "endpoint %s ejected from scheduling: %d consecutive 5xx responses",
+            key,
+            self.outliers.settings.consecutive_5xx,
+            extra={"endpoint": key, "status": status},
+        )
+        accounting.ejected(key)
+        self.store.set_ejected({key: True})
+
+    def readmit_outliers(self, now: float | None = None) -> list[str]:
+        """End the ejections that are over (and forget endpoints that left the pool)."""
+        snap = self.store.current()
+        self.outliers.forget_except(e.key for e in snap)
+        due = self.outliers.readmit_due(self.clock() if now is None else now)
+        if due:
+            log.info("endpoints readmitted after ejection: %s", ", ".join(due), extra={"endpoints": due})
+            self.store.set_ejected(dict.fromkeys(due, False))
+        return due
 
     def _finish(self, routed: Routed) -> None:
         routed.finished = True

@@ -351,11 +351,19 @@ class Stream:
         )
 
     def _read_headers(self, values: Sequence[base_pb2.HeaderValue]) -> bool:
-        """Store the request headers (keys lower-cased). True if values came as ``value`` strings (the shim)."""
+        """Store the request headers (keys lower-cased). True if values came as ``value`` strings (the shim).
+
+        Over ``max_header_bytes`` (names + values, as sent) is a 431: gateways cap headers too (Envoy at 60 KiB by
+        default), but picker does not rely on a peer for its memory bound."""
         headers = self.headers
         value_strings = False
+        limit = self.env.settings.max_header_bytes
+        size = 0
         for h in values:
             raw = h.raw_value
+            size += len(h.key) + len(raw) + len(h.value)
+            if size > limit:
+                raise errors.HeadersTooLarge(f"request headers exceed the limit of {limit} bytes")
             if raw:
                 value = raw.decode("utf-8", "replace")
             else:
@@ -452,7 +460,7 @@ class Stream:
         self.done = True
         if self.phase < Phase.ROUTED:
             self.phase = Phase.CLOSED
-        return (responses.immediate(err),)
+        return (responses.immediate(err, retry_after_s=self.env.settings.retry_after_s),)
 
     def _violation(self, what: str) -> Sequence[pb.ProcessingResponse]:
         """A message the protocol does not allow here: 400 before routing, a clean close after."""

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 
 from picker.sim.config import DEFAULT_LINK_GBPS, KV_BYTES_PER_TOKEN_8B, PRESETS, EngineConfig, link_s_per_token, preset
-from picker.sim.faults import ERROR_TYPES, Faults
+from picker.sim.faults import ERROR_TYPES, METRICS_MODES, Faults
 from picker.sim.server import KVEventsOptions, ServerConfig, SimServer
 from picker.sim.sidecar import RoutingSidecar, SidecarConfig
 
@@ -93,6 +93,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--spike-ms", type=float, default=0.0)
     f.add_argument("--crash-after", type=int, help="crash at every N-th request")
     f.add_argument("--crash-down-s", type=float, help="seconds a crash keeps the port closed (default: forever)")
+    f.add_argument("--metrics-delay-s", type=float, default=0.0, help="/metrics answers after this long")
+    f.add_argument("--metrics-mode", choices=METRICS_MODES, default="ok", help="garbage or huge /metrics pages")
+    f.add_argument("--startup-s", type=float, default=0.0, help="cold start: open the port after this long")
 
     k = parser.add_argument_group("KV-cache events (vLLM's ZeroMQ wire)")
     k.add_argument("--kv-events-port", type=int, help="bind a PUB socket here (server i: port + i; 0: any)")
@@ -195,6 +198,8 @@ def _faults(args: argparse.Namespace) -> Faults:
         spike_s=args.spike_ms / 1000.0,
         crash_after=args.crash_after,
         crash_down_s=args.crash_down_s,
+        metrics_delay_s=args.metrics_delay_s,
+        metrics_mode=args.metrics_mode,
     )
 
 
@@ -288,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
             pod_name=os.environ.get("POD_NAME"),
             pod_namespace=os.environ.get("POD_NAMESPACE"),
             kv_events=kv[i],
+            startup_s=args.startup_s,
         )
         for i, port in enumerate(port_list)
     ]

@@ -83,6 +83,7 @@ class ServerConfig:
     pod_namespace: str | None = None
     shutdown_timeout_s: float = 1.0
     kv_events: KVEventsOptions | None = None
+    startup_s: float = 0.0  # cold start: the port opens only after this long
 
 
 class SimServer:
@@ -132,6 +133,10 @@ class SimServer:
         return f"http://{host}:{self._port}"
 
     async def start(self) -> None:
+        if self.config.startup_s:
+            # A cold start: vLLM opens its port only once the model is loaded.
+            log.warning("%s: cold start, port opens in %s s", self.name, self.config.startup_s)
+            await asyncio.sleep(self.config.startup_s)
         self._runner = web.AppRunner(
             self.app, access_log=None, handler_cancellation=True, shutdown_timeout=self.config.shutdown_timeout_s
         )
@@ -469,7 +474,23 @@ class SimServer:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        resp = web.Response(body=self.metrics.render())
+        faults = self.injector.faults
+        if faults.metrics_delay_s:
+            await asyncio.sleep(faults.metrics_delay_s)
+        if faults.metrics_mode == "garbage":
+            return web.Response(body=b"\x00\xffnot prometheus {{{ \n" * 64, content_type="text/plain")
+        page = self.metrics.render()
+        if faults.metrics_mode == "huge":
+            resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write(page)
+            filler = b"# " + b"x" * 65533 + b"\n"
+            for _ in range(max(0, faults.metrics_huge_bytes - len(page)) // len(filler)):
+                await resp.write(filler)
+            await resp.write_eof()
+            return resp
+        resp = web.Response(body=page)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 

@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from picker.discovery.rbac import INFERENCE_GROUP, INFERENCE_X_GROUP, LEADER_ELECTION_RULES, REQUIRED_RULES, rules_for
+from picker.discovery.rbac import (
+    INFERENCE_GROUP,
+    INFERENCE_X_GROUP,
+    LEADER_ELECTION_RULES,
+    METRICS_AUTH_RULES,
+    REQUIRED_RULES,
+    rules_for,
+)
 
 from ._tools import CHART, NAMESPACE, RELEASE, Rendered, kubeconform, render, run, template, tool
 
@@ -33,6 +40,7 @@ PICKER_FLAGS = {
     "grpc-health-port",
     "metrics-port",
     "secure-serving",
+    "metrics-endpoint-auth",
     "cert-path",
     "config-file",
     "config-text",
@@ -70,6 +78,7 @@ CASES: dict[str, dict[str, Any]] = {
     "defaults": BASE,
     "leader-election": merged(BASE, ie(replicas=2)),
     "monitoring": merged(BASE, ie(monitoring={"prometheus": {"enabled": True, "labels": {"release": "prom"}}})),
+    "metrics-auth": merged(BASE, ie(monitoring={"prometheus": {"auth": {"enabled": True}}})),
     "pool-off": {"inferencePool": {"create": False, "name": "shared-pool"}},
     "pool-v1alpha2": merged(BASE, V1ALPHA2),
     "rolling-update": merged(
@@ -385,6 +394,23 @@ def test_rbac_equals_what_picker_declares(case: str, leader: bool, rendered: dic
     assert out.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert not out.all("ClusterRole")
     assert not out.all("ClusterRoleBinding")
+
+
+def test_metrics_auth_adds_exactly_the_review_rules_cluster_wide(rendered: dict[str, Rendered]) -> None:
+    out = rendered["metrics-auth"]
+    assert "--metrics-endpoint-auth" in out.container()["args"]
+    assert "--metrics-endpoint-auth" not in rendered["defaults"].container()["args"]
+    role = out.one("ClusterRole")
+    assert _rule_keys(role) == {r.key() for r in METRICS_AUTH_RULES}
+    binding = out.one("ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = out.one("ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert _rule_keys(out.one("Role")) == {r.key() for r in rules_for(leader_election=False)}
 
 
 def test_declared_rbac_is_read_only_without_leader_election() -> None:

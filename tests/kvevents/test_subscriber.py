@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from picker.bench import procs
 from picker.endpoints.model import Endpoint
 from picker.endpoints.store import EndpointStore
 from picker.kvcache import KVBlockIndex, block_keys, root_key
@@ -26,11 +27,7 @@ MODEL = "m"
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # outside the ephemeral range: no outgoing connection takes it meanwhile
 
 
 def blocks(n: int, start: int = 0) -> list[int]:
