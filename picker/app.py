@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
+import zmq
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from picker import __version__, admission, errors
+from picker import __version__, admission, compat, errors
 from picker.control.director import Admitter, Director, Resolver
 from picker.control.policy_resolver import PolicyResolver
 from picker.discovery import kubesettings, static
@@ -43,15 +44,20 @@ from picker.endpoints.policy import PolicyStore
 from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
+from picker.kvcache.ingest import Ingestor
+from picker.kvevents import KVEventSubscriber, ServerTokenSource, SubscriberSettings
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
 from picker.scheduling.framework import PluginContext
+from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
 from picker.settings import ScrapeSettings, ServerSettings, Settings
-from picker.telemetry import REGISTRY, logs
+from picker.telemetry import REGISTRY, kvmetrics, logs, metricsauth, pprof, runtime, tracing
 from picker.telemetry import metrics as m
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
     from picker.discovery.leaderelection import LeaderElector
 
 __all__ = ["Running", "configure", "parse_duration", "run", "serve", "serving", "settings_from_args"]
@@ -77,9 +83,11 @@ class Running:
     grpc_port: int
     health_port: int
     metrics_port: int | None  # None: the metrics HTTP server is off
-    certificate: tls.CertificatePair | None  # None: plaintext
+    certificate: tls.CertificatePair | None  # None: plaintext; with cert reload, the pair served at start
+    cert_files: tls.CertificateFiles | None = None  # --cert-path with reload: the pair in use, reload count
     supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
     elector: LeaderElector | None = None  # with leader election
+    kv_events: KVEventSubscriber | None = None  # with a precise-prefix-cache-scorer
 
     @property
     def grpc_target(self) -> str:
@@ -113,6 +121,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="TLS on the ext_proc port (default true; --secure-serving=false for plaintext)",
     )
     add("--cert-path", default=None, help="directory with tls.crt and tls.key (default: self-signed at start)")
+    add(
+        "--enable-cert-reload",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=srv.cert_reload,
+        metavar="BOOL",
+        help="serve a rotated --cert-path pair (and --client-ca-file) from the next handshake on, no restart",
+    )
+    add("--client-ca-file", default=None, help="PEM CA bundle: require gateway client certificates it signed (mTLS)")
+    add(
+        "--metrics-endpoint-auth",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=srv.metrics_endpoint_auth,
+        metavar="BOOL",
+        help="/metrics needs a bearer token the Kubernetes API accepts (TokenReview) for GET /metrics",
+    )
+    add("--metrics-auth-token-file", default=None, help="/metrics needs 'Authorization: Bearer <this file's token>'")
     add("--config-file", default=None, help="EndpointPickerConfig YAML file")
     add("--config-text", default=None, help="EndpointPickerConfig YAML text")
     add("--endpoints", default=None, help="static model servers: ip:port[@metrics-url][;engine=E][;name=N],...")
@@ -141,6 +169,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="ignore the proxy's subset hint",
     )
     add("--max-body-bytes", type=int, default=srv.max_body_bytes, help="request bodies over this get 413")
+    add("--max-header-bytes", type=int, default=srv.max_header_bytes, help="request headers over this get 431")
+    add(
+        "--retry-after",
+        type=int,
+        default=srv.retry_after_s,
+        metavar="SECONDS",
+        help="add Retry-After: SECONDS to 429 and 503 answers (0: none)",
+    )
     add(
         "--gateway-profile",
         choices=("auto", "envoy", "nginx", "agentgateway"),
@@ -188,6 +224,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level (wins over --v)")
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
     kubesettings.configure(parser)
+    compat.configure(parser, parse_duration)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -195,8 +232,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     endpoints = static.parse_endpoints(args.endpoints) if args.endpoints else ()
     if args.endpoints_file:
         endpoints = (*endpoints, *static.load_endpoints_file(args.endpoints_file))
+    reference = compat.options_from_args(args)
     if args.log_level:
         level = args.log_level
+    elif reference.log_level is not None:
+        level = reference.log_level
     elif args.v is not None:
         level = logging.getLevelName(logs.level_from_verbosity(args.v)).lower()
     else:
@@ -211,7 +251,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             metrics_port=args.metrics_port,
             secure_serving=args.secure_serving,
             cert_path=args.cert_path,
+            cert_reload=args.enable_cert_reload,
+            client_ca_file=args.client_ca_file,
+            metrics_endpoint_auth=args.metrics_endpoint_auth,
+            metrics_auth_token_file=args.metrics_auth_token_file,
             max_body_bytes=args.max_body_bytes,
+            max_header_bytes=args.max_header_bytes,
+            retry_after_s=args.retry_after,
             gateway_profile=args.gateway_profile,
             disable_subset_filter=args.disable_endpoint_subset_filter,
             explain_header=args.explain_header,
@@ -219,6 +265,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             inflight_timeout_s=args.inflight_timeout,
             grace_period_s=args.grace_period,
             termination_grace_s=args.termination_grace,
+            tracing=reference.tracing,
+            enable_pprof=reference.enable_pprof,
+            health_checking=reference.health_checking,
         ),
         scrape=dataclasses.replace(
             base.scrape, interval_s=args.refresh_metrics_interval, staleness_s=args.metrics_staleness_threshold
@@ -277,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     logs.configure(settings.log_level, settings.log_format)
+    for warning in compat.unhonoured(args):
+        log.warning(warning)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(serve(settings, kube=kube))
@@ -338,6 +389,7 @@ async def serving(
     pool_name: str = STATIC_POOL_NAME,
     kube: kubesettings.KubeSettings | None = None,
     policies: PolicyStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Running]:
     """Start picker in this event loop; stop it (gracefully) on exit.
 
@@ -346,8 +398,19 @@ async def serving(
     gRPC and health bind ephemeral ports (read them from the result); a metrics port of 0 disables /metrics.
     ``kube``: discover endpoints, objectives and rewrites from Kubernetes (``policies`` receives the latter); with
     ``kube.leader_election`` campaign for the pool's Lease, and report ready only while leading.
+    ``tracer_provider``: trace with this provider; by default one from the OTEL_* environment when
+    ``settings.server.tracing`` is on (stopped, spans flushed, on exit), else no tracing.
     """
     server_settings = settings.server
+    # First: a bad certificate or CA file fails the start before the tracer, KV-event sockets or ports open.
+    certificate, cert_files, credentials = _tls(server_settings)
+    own_provider = tracer_provider is None and server_settings.tracing
+    if own_provider:
+        try:
+            tracer_provider = tracing.start()
+        except ValueError as exc:
+            raise errors.ConfigError(str(exc)) from exc
+    tracer = tracer_provider.get_tracer("picker", __version__) if tracer_provider is not None else None
     store = store if store is not None else EndpointStore()
     if settings.static_endpoints:
         static.publish_static(store, settings.static_endpoints)
@@ -362,6 +425,7 @@ async def serving(
         else:
             config = load_config(settings.config_text, ctx)
     scheduler = Scheduler(config, ctx)
+    precise = _precise_path(config)
     director = Director(
         store=store,
         scheduler=scheduler,
@@ -369,12 +433,14 @@ async def serving(
         clock=clock,
         settings=server_settings,
         resolver=resolver,
+        tracer=tracer,
         # Default admission from the config: flow control (featureGates: [flowControl]) or shedding.
         admitter=admitter
         if admitter is not None
         else admission.build_admitter(
             config, ctx, store=store, shed_status=server_settings.shed_status, pool_name=pool_name
         ),
+        tokens=precise.tokens if precise is not None else None,
     )
     extproc = servicer.ExtProcServicer(StreamEnv(director=director, settings=server_settings, parser=config.parser))
     health_servicer = health.HealthServicer()
@@ -391,26 +457,33 @@ async def serving(
         ]
     )
     servicer.add_to_server(extproc, grpc_server)
-    certificate: tls.CertificatePair | None = None
+    # Health on the ext_proc port too (TLS as the port; the reference's --health-checking, on by default here): a
+    # gateway can health-check the very port it calls, as the reference's test Envoy config does; the plaintext
+    # health port stays for kubelet probes.
+    if server_settings.health_checking:
+        health.add_to_server(health_servicer, grpc_server)
     address = _address(server_settings.host, server_settings.grpc_port)
-    if server_settings.secure_serving:
-        certificate = (  # ECDSA P-256, not the reference's RSA-4096: see tls.py
-            tls.load_pair(server_settings.cert_path)
-            if server_settings.cert_path
-            else tls.self_signed((server_settings.host, os.environ.get("POD_IP", "")))
-        )
-    grpc_port = _bind(grpc_server, address, tls.server_credentials(certificate) if certificate else None)
+    grpc_port = _bind(grpc_server, address, credentials)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
+    kv_collector = kvmetrics.register_kv_collector(precise.sample) if precise is not None else None
+    runtime_source = runtime.add_source(
+        runtime.Source(asyncio.get_running_loop(), leases=lambda: inflight.open_leases, streams=lambda: extproc.active)
+    )
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
     metrics_runner: web.AppRunner | None = None
     running: Running | None = None
     try:
         await health_server.start()
-        metrics_runner = await _start_metrics(server_settings.host, server_settings.metrics_port)
+        metrics_runner = await _start_metrics(
+            server_settings.host,
+            server_settings.metrics_port,
+            *_metrics_authorizer(server_settings, kube),
+            pprof_routes=server_settings.enable_pprof,
+        )
         await grpc_server.start()
         running = Running(
             settings=settings,
@@ -424,10 +497,15 @@ async def serving(
             health_port=health_port,
             metrics_port=server_settings.metrics_port or None,
             certificate=certificate,
+            kv_events=precise.subscriber if precise is not None else None,
+            cert_files=cert_files,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
         ]
+        if precise is not None:
+            subscriber = precise.subscriber
+            background.append(("kv-events", lambda: subscriber.run(store=store)))
         if scrape:
             background.append(
                 (
@@ -470,6 +548,97 @@ async def serving(
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
+        if precise is not None:
+            await precise.close()
+        if kv_collector is not None:
+            REGISTRY.unregister(kv_collector)
+        if own_provider and tracer_provider is not None:  # flushing queued spans blocks: not on the loop
+            await asyncio.get_running_loop().run_in_executor(None, tracing.stop, tracer_provider)
+        runtime.remove_source(runtime_source)
+
+
+@dataclass
+class _PrecisePath:
+    """What a configured ``precise-prefix-cache-scorer`` needs at run time: the KV-event subscriber feeding its
+    index and the token source looking up the prompt's ids before scheduling."""
+
+    subscriber: KVEventSubscriber
+    ingestor: Ingestor
+    tokens: ServerTokenSource
+
+    def sample(self) -> kvmetrics.KVSample:
+        st = self.ingestor.stats
+        index = self.ingestor.indexes[0]
+        return kvmetrics.KVSample(
+            messages={
+                "applied": st.applied,
+                "duplicate": st.duplicates,
+                "unknown_endpoint": st.unknown_endpoint,
+                "malformed": st.malformed.total(),
+                "replayed": st.replayed,
+            },
+            malformed=dict(st.malformed),
+            resyncs=dict(st.resyncs),
+            events=st.events,
+            gaps=st.gaps,
+            missed_batches=st.missed_batches,
+            restarts=st.restarts,
+            index_entries=index.entries,
+            index_keys=index.keys,
+            index=index.stats.as_dict(),
+        )
+
+    async def close(self) -> None:
+        self.subscriber.terminate()
+        await self.tokens.close()
+
+
+def _precise_path(config: SchedulerConfig) -> _PrecisePath | None:
+    """The subscriber and token source of the config's precise scorers (one subscriber feeds them all; the first
+    scorer's ``kvEventsConfig`` sets it up). Binding in central mode happens here: a busy port fails the start."""
+    scorers = [p for p in config.plugins.values() if isinstance(p, precise_prefix.PrecisePrefixCacheScorer)]
+    if not scorers:
+        return None
+    producers = config.configured(token_producer.KIND)
+    params = producers[0].params if producers else token_producer.Params()
+    assert isinstance(params, token_producer.Params)
+    tokens = ServerTokenSource(params)  # first: a bad localTokenizer is a ConfigError before any socket opens
+    events = scorers[0].params.kv_events_config
+    ingestor = Ingestor([s.index for s in scorers])
+    subscriber = KVEventSubscriber(
+        ingestor,
+        SubscriberSettings(
+            topic_filter=events.topic_filter,
+            discover=events.discover_pods,
+            socket_port=events.pod_discovery_config.socket_port,
+            replay_port=events.pod_discovery_config.replay_socket_port,
+            bind=events.zmq_endpoint,
+            queue_size=events.queue_size,
+        ),
+    )
+    try:
+        subscriber.start()
+    except zmq.ZMQError as exc:
+        subscriber.terminate()
+        raise errors.ConfigError(f"kv events: cannot bind {events.zmq_endpoint!r}: {exc}") from exc
+    return _PrecisePath(subscriber, ingestor, tokens)
+
+
+def _tls(
+    srv: ServerSettings,
+) -> tuple[tls.CertificatePair | None, tls.CertificateFiles | None, grpc.ServerCredentials | None]:
+    """The ext_proc port's credentials: none (plaintext), files (reloaded on change) or a self-signed pair."""
+    if not srv.secure_serving:
+        if srv.client_ca_file:
+            raise errors.ConfigError("--client-ca-file needs --secure-serving")
+        return None, None, None
+    if srv.cert_path and srv.cert_reload:
+        files = tls.CertificateFiles(srv.cert_path, srv.client_ca_file)
+        return files.pair, files, files.credentials()
+    # ECDSA P-256, not the reference's RSA-4096: see tls.py
+    pair = tls.load_pair(srv.cert_path) if srv.cert_path else tls.self_signed((srv.host, os.environ.get("POD_IP", "")))
+    client_ca = tls.load_client_ca(srv.client_ca_file) if srv.client_ca_file else None
+    return pair, None, tls.server_credentials(pair, client_ca)
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -542,8 +711,44 @@ async def _guard(name: str, start: Callable[[], Awaitable[None]]) -> None:
         backoff_s = min(backoff_s * 2, 30.0)
 
 
-async def _start_metrics(host: str, port: int) -> web.AppRunner | None:
-    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams."""
+MetricsAuthorizer = Callable[[str | None], Awaitable[metricsauth.Verdict]]
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _metrics_authorizer(
+    srv: ServerSettings, kube: kubesettings.KubeSettings | None
+) -> tuple[MetricsAuthorizer | None, Callable[[], Awaitable[None]] | None]:
+    """``--metrics-auth-token-file`` (a static token) or ``--metrics-endpoint-auth`` (Kubernetes TokenReview),
+    and what closes it."""
+    if srv.metrics_auth_token_file and srv.metrics_endpoint_auth:
+        raise errors.ConfigError("give --metrics-auth-token-file or --metrics-endpoint-auth, not both")
+    if srv.metrics_auth_token_file:
+        token = metricsauth.StaticToken(srv.metrics_auth_token_file)
+
+        async def static_verdict(authorization: str | None) -> metricsauth.Verdict:
+            return token.verdict(authorization)
+
+        return static_verdict, None
+    if srv.metrics_endpoint_auth:
+        from picker.discovery import tokenreview  # imports kubernetes-asyncio
+
+        reviewer = tokenreview.Reviewer(kube or kubesettings.KubeSettings())
+        return reviewer.verdict, reviewer.close
+    return None, None
+
+
+async def _start_metrics(
+    host: str,
+    port: int,
+    authorize: MetricsAuthorizer | None = None,
+    close: Callable[[], Awaitable[None]] | None = None,
+    *,
+    pprof_routes: bool = False,
+) -> web.AppRunner | None:
+    """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams.
+
+    With ``authorize`` every request must pass it: 401 (with ``WWW-Authenticate: Bearer``) or 403 otherwise.
+    ``pprof_routes``: also ``/debug/pprof/`` (``--enable-pprof``, telemetry/pprof.py), behind the same check."""
     if not port:
         return None
 
@@ -551,8 +756,30 @@ async def _start_metrics(host: str, port: int) -> web.AppRunner | None:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    middlewares = []
+    if authorize is not None:
+        check = authorize
+
+        @web.middleware
+        async def authorized(request: web.Request, handler: _Handler) -> web.StreamResponse:
+            verdict = await check(request.headers.get("Authorization"))
+            if verdict is metricsauth.Verdict.UNAUTHENTICATED:
+                return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": "Bearer"})
+            if verdict is not metricsauth.Verdict.ALLOWED:
+                return web.Response(status=403, text="Forbidden\n")
+            return await handler(request)
+
+        middlewares.append(authorized)
+    app = web.Application(middlewares=middlewares)
     app.router.add_get("/metrics", metrics)
+    if pprof_routes:
+        pprof.add_routes(app)
+    if close is not None:
+
+        async def on_cleanup(_: web.Application) -> None:
+            await close()
+
+        app.on_cleanup.append(on_cleanup)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

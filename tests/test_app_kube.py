@@ -28,6 +28,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker.app import Running, serving
+from picker.bench import procs
 from picker.discovery.kubesettings import KubeSettings
 from picker.discovery.leaderelection import LeaderRecord, lease_name
 from picker.endpoints.policy import PolicyStore
@@ -342,9 +343,7 @@ async def replica_process(pod_name: str, kubeconfig: Path) -> AsyncIterator[Proc
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # outside the ephemeral range: no outgoing connection takes it meanwhile
 
 
 async def health_at(port: int, service: str) -> int:

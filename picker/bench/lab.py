@@ -26,6 +26,14 @@ every router mid-run (``restart_at_s``: fresh ledger, fresh plugin state, fresh 
 queues), and engines slower than the rest (``slowdowns``). ``LabRun.result`` holds the routed requests only
 (what the policy decided); ``LabRun.external`` the bypassing ones.
 
+With a ``precise-prefix-cache-scorer`` in a router's configuration, the engines' KV-cache events reach every
+router ``kv_event_delay_s`` after the step that caused them, on the real wire format (``lab_kv``), and each
+request carries its token ids as picker's token source attaches them.
+
+A fleet can have prefill/decode roles (``LabConfig.roles``, the engines' ``llm-d.ai/role`` labels): a decision
+that names a prefiller (``x-prefiller-host-port``) is played as llm-d's sidecar does, prefill first, then decode
+with the KV pulled over the link (``lab_pd``).
+
 Arrivals follow the load client's schedule (``poisson_schedule``: first request at 0, then
 ``load.poisson_arrivals(rate, seed)``), so the same workload, rate and seed give the same requests in the lab
 and live. Network and proxy time are zero. The run is deterministic for a seed (policies draw from a
@@ -34,17 +42,19 @@ and live. Network and proxy time are zero. The run is deterministic for a seed (
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
 
 from picker import errors
+from picker.bench import lab_kv, lab_pd
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, poisson_arrivals
 from picker.bench.policies import Policy, make_policy
 from picker.bench.workloads import Api, WorkItem, Workload
@@ -74,8 +84,9 @@ __all__ = [
 
 EPOCH_S = 1000.0  # virtual time of the first arrival (clocks read > 0, as ``updated_at == 0`` means "never")
 
-# Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends.
-_RESTART, _SCRAPE, _ARRIVAL, _STEP = -1, 0, 1, 2
+# Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends, then the
+# wake-ups of idle engines whose KV transfers land, then KV events.
+_RESTART, _SCRAPE, _ARRIVAL, _STEP, _WAKE, _KV = -1, 0, 1, 2, 3, 4
 PolicyFactory = Callable[[PluginContext], Policy]
 _REJECT_STATUS = {"queue_full": 429, "too_long": 400, "unknown_model": 404, "bad_request": 400}
 
@@ -110,10 +121,14 @@ class LabConfig:
     api: Api = "completions"
     seed: int = 0  # the policies' random source
     scenario: Scenario = field(default_factory=Scenario)
+    kv_event_delay_s: float = 0.005  # engine step → routers' KV-event indexes (precise scorers only)
+    roles: tuple[str, ...] = ()  # engine i's llm-d.ai/role ("" none); empty: no roles (lab_pd)
 
     def __post_init__(self) -> None:
-        if self.engines < 1 or self.scrape_interval_s <= 0:
-            raise ValueError("engines >= 1 and scrape_interval_s > 0")
+        if self.engines < 1 or self.scrape_interval_s <= 0 or self.kv_event_delay_s < 0:
+            raise ValueError("engines >= 1, scrape_interval_s > 0 and kv_event_delay_s >= 0")
+        if self.roles and (len(self.roles) != self.engines or any(r not in lab_pd.ROLES for r in self.roles)):
+            raise ValueError(f"roles: one per engine, each one of {lab_pd.ROLES}")
         if self.scenario.external_target is not None and not 0 <= self.scenario.external_target < self.engines:
             raise ValueError("external_target must name an engine")
 
@@ -138,6 +153,7 @@ class LabRun:
     events: int
     wall_s: float  # not part of the JSON (the JSON is deterministic for a seed)
     external: LoadResult | None = None  # requests that bypassed the routers (Scenario.external_share)
+    disaggregated: int = 0  # requests prefilled on another engine (P/D fleets)
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "rate": self.rate, "engines": [asdict(e) for e in self.engines]}
@@ -179,6 +195,7 @@ class _Router:
         self.policy: Policy = make_policy(spec, self.ctx) if isinstance(spec, str) else spec(self.ctx)
         self.store.set_endpoints(lab.endpoints)
         self.policy.endpoints_changed(frozenset(lab.index_of))
+        self.kv_ingestor = lab_kv.ingestor_for(self.policy, list(lab.index_of))
 
 
 @dataclass(slots=True)
@@ -192,6 +209,7 @@ class _Live:
     engine: int
     arrival_s: float
     first_token_s: float | None = None
+    prefill_lease: Lease | None = None  # on the engine prefilling it (P/D), until its first token
 
 
 @dataclass(slots=True)
@@ -217,7 +235,13 @@ class _Lab:
             for i in range(cfg.engines)
         ]
         self.endpoints = [
-            Endpoint.create(f"10.0.0.{i + 1}", 8000, name=f"sim-{i}", metrics_url=f"http://10.0.0.{i + 1}:8000/metrics")
+            Endpoint.create(
+                f"10.0.0.{i + 1}",
+                8000,
+                name=f"sim-{i}",
+                metrics_url=f"http://10.0.0.{i + 1}:8000/metrics",
+                labels=lab_pd.role_labels(cfg.roles[i]) if cfg.roles else None,
+            )
             for i in range(cfg.engines)
         ]
         self.index_of = {e.key: i for i, e in enumerate(self.endpoints)}
@@ -236,12 +260,24 @@ class _Lab:
         self.records: list[RequestRecord] = []
         self.external: list[RequestRecord] = []
         self.live: dict[str, _Live] = {}
+        # P/D: a prefill leg's engine request id -> the request's id and body (its decode leg follows)
+        self.prefilling: dict[str, tuple[str, bytes]] = {}
         self.routed = [0] * cfg.engines
         self.samples: list[tuple[float, int]] = []
         self.heap: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
         self.pending_arrivals = 0
         self.events = 0
+        self.kv_bus: lab_kv.EventBus | None = None
+        if any(r.kv_ingestor is not None for r in self.routers):
+            self.kv_bus = lab_kv.EventBus(
+                self.engines,
+                [f"kv@{ep.key}@{self.model}".encode() for ep in self.endpoints],
+                cfg.engine.block_size,
+                {name: i + 1 for i, name in enumerate(cfg.engine.lora_adapters)},
+                cfg.kv_event_delay_s,
+            )
+        self.disaggregated = 0
 
     @property
     def policy_name(self) -> str:
@@ -267,11 +303,16 @@ class _Lab:
             self.events += 1
             if kind == _STEP:
                 self.step_end(arg, at)
+            elif kind == _WAKE:
+                self.wake(arg, at)
             elif kind == _ARRIVAL:
                 self.pending_arrivals -= 1
                 self.arrive(arg, at)
             elif kind == _SCRAPE:
                 self.scrape(arg, at)
+            elif kind == _KV:
+                assert self.kv_bus is not None
+                self.kv_bus.deliver(arg, [r.kv_ingestor for r in self.routers])
             else:
                 self.restart(at)
 
@@ -319,6 +360,8 @@ class _Lab:
         headers = {":path": self.path, ":method": "POST", "content-type": "application/json", "x-request-id": rid}
         try:
             req = parse_request(headers, body)
+            if router.kv_ingestor is not None:  # the director's token source
+                req = dataclasses.replace(req, token_ids=self.parse_generate(body).prompt_ids)
             pick = router.policy.pick(req, router.store.current().candidates())
         except errors.PickerError as exc:
             rec.status, rec.error = exc.status, exc.wire_text
@@ -328,6 +371,15 @@ class _Lab:
         router.policy.routed(req, pick)
         self.routed[e] += 1
         rec.backend = pick.endpoint.name
+        policy = router.policy
+        upstream: Mapping[str, str] = {}
+        if isinstance(policy, lab_pd.SetsRequestHeaders):
+            upstream = policy.request_headers(req, pick)
+        p = self.index_of.get(lab_pd.prefiller_of(upstream), e)
+        if p != e:  # disaggregated: the decode engine's sidecar sends the prefill first
+            prefill_lease = router.inflight.acquire(self.endpoints[p].key, req.prompt_tokens + 1, now)
+            self.submit_prefill(p, e, rid, rec, body, req, router, lease, prefill_lease, now)
+            return
         self.submit(e, rid, rec, body, req, router, lease, now)
 
     def pick_router(self) -> _Router:
@@ -366,9 +418,81 @@ class _Lab:
         if engine.step_end_s is None:
             self.begin(e, now)
 
+    def submit_prefill(
+        self,
+        p: int,
+        e: int,
+        rid: str,
+        rec: RequestRecord,
+        body: bytes,
+        req: InferenceRequest,
+        router: _Router,
+        lease: Lease,
+        prefill_lease: Lease,
+        now: float,
+    ) -> None:
+        """The sidecar's prefill: the prompt with max_tokens 1 on engine ``p``; the decode leg follows."""
+        engine = self.engines[p]
+        leg = rid + lab_pd.PREFILL_SUFFIX
+        try:
+            parsed = self.parse_generate(body)
+            engine.submit(SimRequest(leg, parsed.prompt_ids, 1, 0, True, self.lora(parsed)), now)
+        except (sim_api.ApiError, RequestRejected) as exc:  # the sidecar relays the prefill's error
+            status = exc.status if isinstance(exc, sim_api.ApiError) else _REJECT_STATUS[exc.kind]
+            self.fail(_Live(rec, req, router, lease, e, now, prefill_lease=prefill_lease), status, exc.message)
+            return
+        self.live[rid] = _Live(rec, req, router, lease, e, now, prefill_lease=prefill_lease)
+        self.prefilling[leg] = (rid, body)
+        self.disaggregated += 1
+        if engine.step_end_s is None:
+            self.begin(p, now)
+
+    def prefilled(self, rid: str, body: bytes, now: float) -> None:
+        """The prefill leg is done: the decode engine gets the request, its prompt's KV to pull."""
+        live = self.live[rid]
+        engine = self.engines[live.engine]
+        parsed = self.parse_generate(body)
+        try:
+            engine.submit(
+                SimRequest(
+                    rid, parsed.prompt_ids, parsed.max_tokens, parsed.min_tokens, parsed.ignore_eos,
+                    self.lora(parsed), remote_prefill=True,
+                ),
+                now,
+            )  # fmt: skip
+        except RequestRejected as exc:
+            del self.live[rid]
+            self.fail(live, _REJECT_STATUS[exc.kind], exc.message)
+            return
+        if engine.step_end_s is None:
+            self.begin(live.engine, now)
+
+    def fail(self, live: _Live, status: int, message: str) -> None:
+        """A routed request failed before any token: the client's error, the router's leases given back."""
+        live.record.status, live.record.error = status, message
+        router, req = live.router, live.req
+        if router is None or req is None:
+            return
+        for lease in (live.lease, live.prefill_lease):
+            if lease is not None:
+                router.inflight.release(lease)
+        info = ResponseInfo(endpoint_key=self.endpoints[live.engine].key, status=status, duration_s=0.0)
+        router.policy.completed(req, info)
+
+    def wake(self, e: int, now: float) -> None:
+        """An idle engine's KV transfer landed: start a step if it is still idle."""
+        engine = self.engines[e]
+        if engine.step_end_s is None and engine.has_work:
+            self.begin(e, now)
+
     def step_end(self, e: int, now: float) -> None:
         engine = self.engines[e]
         for state in engine.finish_step():
+            if self.prefilling:
+                leg = self.prefilling.pop(state.request_id, None)
+                if leg is not None:  # a prefill leg's only token: the prefill is done
+                    self.prefilled(*leg, now)
+                    continue
             live = self.live[state.request_id]
             if live.first_token_s is None:
                 self.first_token(live, now)
@@ -378,18 +502,29 @@ class _Lab:
                 self.finish(live, state, now)
         if engine.has_work:
             self.begin(e, now)
+        self.publish_kv(e, now)
 
     def begin(self, e: int, now: float) -> None:
-        end = self.engines[e].begin_step(now)
-        if end is None:  # work that cannot be scheduled yet (the real driver retries after 1 ms)
-            end = now + 0.001
+        engine = self.engines[e]
+        end = engine.begin_step(now)
+        if end is None:  # nothing to compute until a KV transfer lands (the real driver sleeps until then)
+            wake = engine.next_wakeup_s
+            self.push(wake if wake is not None else now + 0.001, _WAKE, e)
+            return
         self.push(end, _STEP, e)
+
+    def publish_kv(self, e: int, now: float) -> None:
+        """After a step: what it stored and evicted goes out as one batch (and the next step's allocations)."""
+        if self.kv_bus is not None and (msg := self.kv_bus.drain(e, now)) is not None:
+            self.push(now + self.kv_bus.delay_s, _KV, msg)
 
     # -- the director's accounting ------------------------------------------------------------------------------
 
     def first_token(self, live: _Live, now: float) -> None:
         live.first_token_s = now
         live.record.ttft_s = now - live.arrival_s
+        if live.router is not None and live.prefill_lease is not None:
+            live.router.inflight.release(live.prefill_lease)  # prefilled: the director releases it here
         if live.router is None or live.lease is None or live.req is None:
             return
         live.router.inflight.prefilled(live.lease, live.req.prompt_tokens)
@@ -408,6 +543,8 @@ class _Lab:
         router, lease, req = live.router, live.lease, live.req
         if router is None or lease is None or req is None:
             return
+        if live.prefill_lease is not None:
+            router.inflight.release(live.prefill_lease)
         key = lease.endpoint_key
         if live.first_token_s is not None and n_out > 1:
             router.inflight.observe(key, tpot_s=(now - live.first_token_s) / (n_out - 1))
@@ -477,7 +614,7 @@ def run_lab(
     url = f"lab://{config.engines}x{config.engine.model}"
     result = LoadResult(url, name, spec, config.engine.model, records, duration, lab.samples, 0.0)
     bypass = LoadResult(url, name, spec, config.engine.model, external, duration, [], 0.0) if external else None
-    return LabRun(lab.policy_name, rate, result, lab.summaries(), lab.events, wall, bypass)
+    return LabRun(lab.policy_name, rate, result, lab.summaries(), lab.events, wall, bypass, lab.disaggregated)
 
 
 def _mean_rate(arrivals: Sequence[tuple[float, WorkItem]]) -> float:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from picker.bench import procs
 from picker.bench.extproc_client import ExtProcClient, build_messages
 
 __all__ = ["configure", "prompt_bodies", "run"]
@@ -263,9 +263,7 @@ async def _metrics_stub(count: int) -> AsyncIterator[int]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()
 
 
 async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout_s: float = 30.0) -> None:

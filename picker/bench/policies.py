@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -348,6 +348,10 @@ class SchedulerPolicy:
     def routed(self, req: InferenceRequest, pick: Pick) -> None:
         if pick.result is not None:
             self.scheduler.pre_request(req, pick.result)
+
+    def request_headers(self, req: InferenceRequest, pick: Pick) -> Mapping[str, str]:
+        """Headers the decision sets on the upstream request (e.g. a P/D decision's ``x-prefiller-host-port``)."""
+        return self.scheduler.request_headers(req, pick.result) if pick.result is not None else {}
 
     def completed(self, req: InferenceRequest, info: ResponseInfo) -> None:
         self.scheduler.post_response(req, info)

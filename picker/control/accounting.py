@@ -94,3 +94,7 @@ def completed(
 
 def expired(count: int) -> None:
     m.INFLIGHT_EXPIRED.inc(count)
+
+
+def ejected(endpoint_key: str) -> None:
+    m.ENDPOINT_EJECTIONS.labels(endpoint_key).inc()

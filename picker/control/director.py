@@ -2,8 +2,15 @@
 
 route:     candidates (snapshot, subset hint) → model rewrite header → resolver (objective priority,
            InferenceModelRewrite; a seam, identity by default) → admission (a seam, admits all by default)
-           → scheduler → in-flight lease → PreRequest plugins.
+           → token ids (a seam, for the precise prefix scorer; none by default) → scheduler → in-flight lease
+           → PreRequest plugins.
 complete:  release the lease, observe TTFT/TPOT, record metrics, PostResponse plugins.
+
+Request headers that plugins set (``RequestHeaders``: the disaggregation handler's ``x-prefiller-host-port``)
+ride on ``Routed.headers``. A request with a prefiller is prefilled there by the decode pod's sidecar before it
+decodes: picker holds a second lease on the prefill endpoint for the prompt (``Routed.prefill_lease``), released
+at the first response byte (the prefill is over by then) or when the request ends, so load scorers in the
+prefill profile see what picker already sent each prefill pod.
 
 TTFT and TPOT are observed per endpoint only from streamed responses (SSE), where the first body bytes are the
 first token: a non-streamed body arrives whole at the end, so its first byte says nothing about prefill. TPOT =
@@ -24,24 +31,30 @@ minutes of finished requests as in-flight load, which saturates the token-load s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from picker import errors
 from picker.control import accounting
 from picker.endpoints.inflight import InflightTracker, Lease
 from picker.endpoints.model import Endpoint
+from picker.endpoints.outliers import OutlierDetector
 from picker.endpoints.store import EndpointStore
 from picker.request import headers as hdr
 from picker.request import rewrite, subset
 from picker.request.model import InferenceRequest
 from picker.scheduling.framework import PluginTiming, ResponseInfo, SchedulingResult
 from picker.settings import ServerSettings
+from picker.telemetry import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
 
 __all__ = [
     "DEFAULT_OUTPUT_TOKENS",
@@ -54,6 +67,7 @@ __all__ = [
     "Resolver",
     "Routed",
     "SchedulerLike",
+    "TokenSource",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,6 +93,8 @@ class SchedulerLike(Protocol):
 
     def response_headers(self, endpoint: Endpoint) -> Mapping[str, str]: ...
 
+    def request_headers(self, req: InferenceRequest, result: SchedulingResult) -> Mapping[str, str]: ...
+
 
 class Resolver(Protocol):
     """Seam for InferenceObjective priority and InferenceModelRewrite (the Kubernetes side fills it in).
@@ -97,6 +113,13 @@ class Admitter(Protocol):
     """
 
     async def admit(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> None: ...
+
+
+class TokenSource(Protocol):
+    """Seam for the prompt's token ids (``picker.kvevents.tokens``): looked up before scheduling, with a deadline
+    of its own; None when they cannot be had (the scorers that need them fail open)."""
+
+    async def token_ids(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> Sequence[int] | None: ...
 
 
 @runtime_checkable
@@ -120,6 +143,8 @@ class Routed:
     first_byte_at: float | None = None
     first_token_at: float | None = None  # streamed responses only (see the module docstring)
     finished: bool = field(default=False)
+    headers: Mapping[str, str] = field(default_factory=dict)  # set on the upstream request by plugins
+    prefill_lease: Lease | None = None  # on the prefiller named by x-prefiller-host-port
 
 
 class Director:
@@ -134,6 +159,8 @@ class Director:
         resolver: Resolver | None = None,
         admitter: Admitter | None = None,
         rng: random.Random | None = None,
+        tokens: TokenSource | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -142,11 +169,14 @@ class Director:
         self.settings = settings
         self.resolver = resolver
         self.admitter = admitter
+        self.tokens = tokens
         self._on_release = admitter.released if isinstance(admitter, ReleaseListener) else None
         self._rng = rng or random.Random()
+        self.tracer = tracer  # None: no tracing (telemetry/tracing.py)
         # Held leases: (deadline, seq, routed); seq breaks ties without comparing Routed.
         self._held: list[tuple[float, int, Routed]] = []
         self._seq = itertools.count()
+        self.outliers = OutlierDetector()
 
     # -- request path ------------------------------------------------------------------------------------
 
@@ -158,6 +188,12 @@ class Director:
 
     async def route(self, req: InferenceRequest, *, received_at: float | None = None) -> Routed:
         """Choose the destination of a request whose body was parsed. Raises ``PickerError``."""
+        if self.tracer is None:  # the hot path without tracing: no context managers at all
+            return await self._route(req, received_at)
+        with tracing.child(self.tracer, tracing.ORCHESTRATION_SPAN):
+            return await self._route(req, received_at)
+
+    async def _route(self, req: InferenceRequest, received_at: float | None) -> Routed:
         received = self.clock() if received_at is None else received_at
         target = req.headers.get(hdr.MODEL_REWRITE)
         if target and target != req.target_model:
@@ -169,11 +205,22 @@ class Director:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         if self.admitter is not None:
             snapshot = self.store.current()
-            await self.admitter.admit(req, eps)
+            if self.tracer is None:
+                await self.admitter.admit(req, eps)
+            else:
+                with tracing.child(self.tracer, tracing.ADMISSION_SPAN, **{"picker.priority": req.priority}) as span:
+                    began = self.clock()
+                    await self.admitter.admit(req, eps)
+                    if span is not None:
+                        span.set_attribute("picker.admission.wait_ms", (self.clock() - began) * 1000.0)
             if self.store.current() is not snapshot:  # it waited in a queue: schedule on today's endpoints
                 eps = self.candidates(req)
                 if not eps:
                     raise errors.ServiceUnavailable(NO_CANDIDATES)
+        if self.tokens is not None and req.token_ids is None:
+            ids = await self.tokens.token_ids(req, eps)
+            if ids is not None:
+                req = dataclasses.replace(req, token_ids=ids)
         result = self._schedule(req, eps)
         return self._routed(req, result, result.targets, received)
 
@@ -183,6 +230,12 @@ class Director:
         The reference picks a random pod; picker runs the scheduler on what the headers tell (queue, KV and
         in-flight scorers still apply) and falls back to a random candidate if the filters leave none.
         """
+        if self.tracer is None:
+            return self._route_without_body(req, received_at)
+        with tracing.child(self.tracer, tracing.ORCHESTRATION_SPAN, **{"picker.body": False}):
+            return self._route_without_body(req, received_at)
+
+    def _route_without_body(self, req: InferenceRequest, received_at: float | None) -> Routed:
         received = self.clock() if received_at is None else received_at
         if not self.store.current().endpoints:
             raise errors.Internal(NO_PODS)
@@ -197,6 +250,19 @@ class Director:
         return self._routed(req, result, targets, received)
 
     def _schedule(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
+        if self.tracer is None:
+            return self._run_scheduler(req, eps)
+        with tracing.child(self.tracer, tracing.SCHEDULING_SPAN) as span:
+            assert span is not None
+            try:
+                result = self._run_scheduler(req, eps)
+            except errors.ResourceExhausted:
+                _scheduling_attributes(span, eps, None)
+                raise
+            _scheduling_attributes(span, eps, result)
+            return result
+
+    def _run_scheduler(self, req: InferenceRequest, eps: Sequence[Endpoint]) -> SchedulingResult:
         try:
             result = self.scheduler.schedule(req, eps)
         except errors.ResourceExhausted:
@@ -212,6 +278,14 @@ class Director:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         now = self.clock()
         lease = self.inflight.acquire(targets[0].key, expected_tokens(req), now)
+        headers: Mapping[str, str] = {}
+        prefill_lease = None
+        if result is not None:
+            headers = self.scheduler.request_headers(req, result)
+            prefill_key = headers.get(hdr.PREFILLER)
+            if prefill_key and prefill_key != targets[0].key:
+                # The prefiller computes the prompt and one token; the decode lease keeps the rest.
+                prefill_lease = self.inflight.acquire(prefill_key, req.prompt_tokens + 1, now)
         routed = Routed(
             req=req,
             result=result,
@@ -220,6 +294,8 @@ class Director:
             lease=lease,
             received_at=received,
             routed_at=now,
+            headers=headers,
+            prefill_lease=prefill_lease,
         )
         accounting.routed(req)
         if result is not None:
@@ -252,6 +328,8 @@ class Director:
         routed.first_byte_at = now
         if token:
             routed.first_token_at = now
+        if routed.prefill_lease is not None:
+            self.inflight.release(routed.prefill_lease)
         if routed.lease is not None:
             self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
             if token:
@@ -284,6 +362,7 @@ class Director:
         if first_token is not None and output_tokens and output_tokens > 1:
             self.inflight.observe(key, tpot_s=(now - first_token) / (output_tokens - 1))
         self._finish(routed)
+        self._outlier(key, status, now)
         accounting.completed(
             routed.req,
             duration_s=duration,
@@ -341,15 +420,41 @@ class Director:
         return sum(1 for _, _, r in self._held if not r.finished)
 
     async def run_expiry(self, *, interval_s: float = 1.0) -> None:
-        """Background task: sweep held leases until cancelled."""
+        """Background task: sweep held leases and end outlier ejections until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
             self.expire()
+            self.readmit_outliers()
+
+    def _outlier(self, key: str, status: int | None, now: float) -> None:
+        snap = self.store.current()
+        if snap.get(key) is None or not self.outliers.record(key, status, now, len(snap)):
+            return
+        log.warning(
+            "endpoint %s ejected from scheduling: %d consecutive 5xx responses",
+            key,
+            self.outliers.settings.consecutive_5xx,
+            extra={"endpoint": key, "status": status},
+        )
+        accounting.ejected(key)
+        self.store.set_ejected({key: True})
+
+    def readmit_outliers(self, now: float | None = None) -> list[str]:
+        """End the ejections that are over (and forget endpoints that left the pool)."""
+        snap = self.store.current()
+        self.outliers.forget_except(e.key for e in snap)
+        due = self.outliers.readmit_due(self.clock() if now is None else now)
+        if due:
+            log.info("endpoints readmitted after ejection: %s", ", ".join(due), extra={"endpoints": due})
+            self.store.set_ejected(dict.fromkeys(due, False))
+        return due
 
     def _finish(self, routed: Routed) -> None:
         routed.finished = True
         if routed.lease is not None:
             self.inflight.release(routed.lease)
+        if routed.prefill_lease is not None:
+            self.inflight.release(routed.prefill_lease)
         accounting.released(routed.req)
         if self._on_release is not None:
             self._on_release()
@@ -359,6 +464,24 @@ class Director:
             accounting.plugin_timings(self.scheduler.post_response(routed.req, info))
         except Exception:  # a plugin bug must not break the response path
             log.exception("post_response plugin failed", extra={"request_id": routed.req.request_id})
+
+
+_MAX_LISTED_CANDIDATES = 64  # a span lists at most this many candidate endpoints (the count is always there)
+
+
+def _scheduling_attributes(span: Span, eps: Sequence[Endpoint], result: SchedulingResult | None) -> None:
+    """A scheduling cycle on its span: candidates, the chosen endpoint(s), each plugin's scores per profile."""
+    if not span.is_recording():
+        return
+    span.set_attribute("picker.candidates.count", len(eps))
+    span.set_attribute("picker.candidates", [e.key for e in eps[:_MAX_LISTED_CANDIDATES]])
+    if result is None:
+        return
+    span.set_attribute("picker.endpoint", result.targets[0].key if result.targets else "")
+    span.set_attribute("picker.targets", [e.key for e in result.targets])
+    span.set_attribute("picker.profile", result.primary_profile)
+    span.set_attribute("picker.scheduling.duration_ms", result.duration_s * 1000.0)
+    span.set_attribute("picker.scores", tracing.json_attribute(result.explain()["profiles"]))
 
 
 def expected_output_tokens(req: InferenceRequest) -> int:

@@ -43,7 +43,7 @@ class InformerTiming:
     resync_s: float = 300.0
     watch_timeout_s: float = 300.0
     backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
+    backoff_max_s: float = 4.0  # also how long an API outage can hide a change once the API is back
     absent_recheck_s: float = 60.0
 
 

@@ -171,6 +171,10 @@ class KubeApi:
             raise KubeApiError(resp.status, "BadBody", "response is not an object")
         return decoded
 
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to an API path (a cluster-scoped create, such as a TokenReview); the decoded answer."""
+        return await self._object("POST", path, body)
+
     async def get(self, resource: Resource, name: str) -> dict[str, Any]:
         """The named object; ``ResourceNotFound`` when there is none."""
         return await self._object("GET", resource.item_path(name))

@@ -35,7 +35,7 @@ class KubeSettings:
     watch_timeout_s: float = 300.0  # watch timeoutSeconds, each drawn in [t, 2t)
     request_timeout_s: float = 30.0  # list requests, watch connects
     backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
+    backoff_max_s: float = 4.0  # also how long an API outage can hide a change once the API is back
     crd_recheck_s: float = 60.0  # how often an absent CRD (404) is looked for again
     # Leader election (--ha-enable-leader-election): controller-runtime's defaults.
     leader_election: bool = False

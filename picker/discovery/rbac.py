@@ -17,6 +17,7 @@ __all__ = [
     "INFERENCE_GROUP",
     "INFERENCE_X_GROUP",
     "LEADER_ELECTION_RULES",
+    "METRICS_AUTH_RULES",
     "REQUIRED_RULES",
     "PolicyRule",
     "pool_rule",
@@ -63,6 +64,14 @@ REQUIRED_RULES: tuple[PolicyRule, ...] = (
 LEADER_ELECTION_RULES: tuple[PolicyRule, ...] = (
     PolicyRule("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch", "delete")),
     PolicyRule("", "events", ("create", "patch")),
+)
+
+
+# Added with --metrics-endpoint-auth, in a ClusterRole (reviews are cluster-scoped): tokenreview.py creates a
+# TokenReview and a SubjectAccessReview per scrape token (cached), nothing else.
+METRICS_AUTH_RULES: tuple[PolicyRule, ...] = (
+    PolicyRule("authentication.k8s.io", "tokenreviews", ("create",)),
+    PolicyRule("authorization.k8s.io", "subjectaccessreviews", ("create",)),
 )
 
 

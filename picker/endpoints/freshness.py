@@ -2,7 +2,8 @@
 
 The reference EPP keeps scheduling on an endpoint whose ``/metrics`` fails or stops answering, on its last
 numbers (GIE #1497, #2328). Here an endpoint is **excluded** after ``fail_threshold`` consecutive failed polls,
-or when its last good scrape is older than ``staleness_s`` (a poll that hangs never reports a failure, so the
+(at the first one when the connection was refused: a killed or not yet started server), or when its last good
+scrape is older than ``staleness_s`` (a poll that hangs never reports a failure, so the
 age catches it); it is **readmitted** after ``recover_threshold`` consecutive good polls counted from the
 exclusion. A new endpoint starts admitted and its age counts from when it was first tracked. Endpoints that are
 never scraped (no metrics URL) are simply never tracked, so never excluded.
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 
 from picker.settings import ScrapeSettings
 
-__all__ = ["Change", "FreshnessTracker", "Transition"]
+__all__ = ["REFUSED", "Change", "FreshnessTracker", "Transition"]
+
+REFUSED = "refused"  # the poll's connection was refused: excluded at the first such failure
 
 
 class Change(enum.Enum):
@@ -119,7 +122,9 @@ class FreshnessTracker:
             out.append(Transition(key, Change.FAILING, reason=reason, detail=detail))
         st.failures += 1
         st.successes = 0
-        if not st.excluded and st.failures >= self._fail_threshold:
+        # A refused connection is no maybe: nothing listens there, and a request sent now fails the same way.
+        decisive = reason == REFUSED
+        if not st.excluded and (st.failures >= self._fail_threshold or decisive):
             out.append(self._exclude(key, st, "failing", f"{st.failures} consecutive failed polls ({detail})"))
         return out
 

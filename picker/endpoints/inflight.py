@@ -47,6 +47,7 @@ _ZERO = EndpointLoad()  # what ``load`` returns for an endpoint never seen; neve
 class InflightTracker:
     def __init__(self) -> None:
         self._loads: dict[str, EndpointLoad] = {}
+        self.open_leases = 0  # acquired and not yet released, over every endpoint (also ones that left the pool)
         # Moving averages of a routed request's tokens when it is sent (prompt + expected output) and once its
         # prompt is prefilled (expected output): the weight of a request picker knows only as a count.
         self.request_tokens = DEFAULT_REQUEST_TOKENS
@@ -57,6 +58,7 @@ class InflightTracker:
         load = self._loads.setdefault(endpoint_key, EndpointLoad())
         load.requests += 1
         load.tokens += tokens
+        self.open_leases += 1
         if self._sized:
             self.request_tokens += _SIZE_ALPHA * (tokens - self.request_tokens)
         else:
@@ -68,6 +70,7 @@ class InflightTracker:
         if lease.released:
             return False
         lease.released = True
+        self.open_leases -= 1
         load = self._loads.get(lease.endpoint_key)
         if load is not None:
             load.requests = max(0, load.requests - 1)

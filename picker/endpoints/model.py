@@ -58,6 +58,8 @@ class Endpoint:
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics, compare=False)
     # Set by the freshness tracker: stale or failing scrapes take an endpoint out of the candidate set.
     excluded: bool = field(default=False, compare=False)
+    # Set by the director's outlier detection: an endpoint answering only 5xx is out for a while (outliers.py).
+    ejected: bool = field(default=False, compare=False)
 
     @classmethod
     def create(
@@ -104,6 +106,7 @@ class EndpointSnapshot:
         return self._by_key.get(key)
 
     def candidates(self) -> tuple[Endpoint, ...]:
-        """Endpoints fit to schedule: the non-excluded ones, or all of them if that would leave none."""
+        """Endpoints fit to schedule: neither excluded nor ejected; else the non-excluded ones; else all of them."""
         fresh = tuple(e for e in self.endpoints if not e.excluded)
-        return fresh or self.endpoints
+        healthy = tuple(e for e in fresh if not e.ejected)
+        return healthy or fresh or self.endpoints

@@ -35,7 +35,7 @@ class EndpointStore:
         for ep in endpoints:
             prev = old.get(ep.key)
             if prev is not None and prev.metrics_url == ep.metrics_url:
-                ep = dataclasses.replace(ep, metrics=prev.metrics, excluded=prev.excluded)
+                ep = dataclasses.replace(ep, metrics=prev.metrics, excluded=prev.excluded, ejected=prev.ejected)
             merged.append(ep)
         return self._publish(tuple(merged), synced=synced)
 
@@ -61,6 +61,15 @@ class EndpointStore:
         if not changed:
             return self._snapshot
         return self._publish(tuple(eps), synced=self._snapshot.synced)
+
+    def set_ejected(self, ejected: Mapping[str, bool]) -> EndpointSnapshot:
+        """Mark endpoints as ejected by outlier detection (True) or readmitted (False)."""
+        if not any(e.key in ejected and ejected[e.key] != e.ejected for e in self._snapshot.endpoints):
+            return self._snapshot
+        eps = tuple(
+            dataclasses.replace(e, ejected=ejected[e.key]) if e.key in ejected else e for e in self._snapshot.endpoints
+        )
+        return self._publish(eps, synced=self._snapshot.synced)
 
     def _publish(self, endpoints: tuple[Endpoint, ...], *, synced: bool) -> EndpointSnapshot:
         snap = EndpointSnapshot(endpoints=endpoints, version=self._snapshot.version + 1, synced=synced)

@@ -1,4 +1,5 @@
-"""gRPC health (``grpc.health.v1``) on its own plaintext port, as the reference EPP serves it (port 9003).
+"""gRPC health (``grpc.health.v1``) on its own plaintext port, as the reference EPP serves it (port 9003), and on the
+ext_proc port (with its TLS), so a gateway can health-check the port it calls.
 
 Services: ``""``, ``inference-extension`` (what the chart probes), ``readiness`` and
 ``envoy.service.ext_proc.v3.ExternalProcessor`` (what Envoy's gRPC health check names) are SERVING once the

@@ -23,6 +23,7 @@ __all__ = [
     "EMPTY_RESPONSE_BODY",
     "EMPTY_RESPONSE_HEADERS",
     "EMPTY_RESPONSE_TRAILERS",
+    "RETRY_AFTER",
     "body_replaced",
     "immediate",
     "lb_metadata",
@@ -135,12 +136,22 @@ def streamed_body(body: bytes, *, end_of_stream: bool, response: bool) -> list[p
     return out
 
 
-def immediate(err: errors.PickerError, *, status: int | None = None) -> pb.ProcessingResponse:
-    """The one place a ``PickerError`` becomes a reply: its status and ``inference error: <Code> - <msg>``."""
-    return pb.ProcessingResponse(
+RETRY_AFTER = "retry-after"
+
+
+def immediate(err: errors.PickerError, *, status: int | None = None, retry_after_s: int = 0) -> pb.ProcessingResponse:
+    """The one place a ``PickerError`` becomes a reply: its status and ``inference error: <Code> - <msg>``.
+
+    ``retry_after_s`` > 0 adds ``Retry-After`` to a 429 or 503 (``--retry-after``), telling clients when to come back.
+    """
+    code = status or err.status
+    response = pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status or err.status),
+            status=http_status_pb2.HttpStatus(code=code),
             body=err.wire_text.encode(),
             details=f"picker_{err.code}",
         )
     )
+    if retry_after_s > 0 and code in (429, 503):
+        _mutate(response.immediate_response.headers, [(RETRY_AFTER, str(retry_after_s))], ())
+    return response

@@ -11,7 +11,9 @@ Request path by body mode (protocol.md §2, gateways.py):
 
 A request with EOS on its headers is routed at once. Routing answers set ``x-gateway-destination-endpoint``
 (overwriting any client-sent value), ``Content-Length`` where the body is sent back, ``x-request-id`` when
-picker generated it, ``clear_route_cache`` and the ``envoy.lb`` metadata; control headers are removed.
+picker generated it, the headers plugins set (``x-prefiller-host-port`` for a disaggregated request),
+``clear_route_cache`` and the ``envoy.lb`` metadata; control headers, and llm-d's sidecar headers picker did not
+set, are removed.
 
 Response path: the headers answer is sent at once; the body is answered chunk by chunk when streaming (SSE or a
 STREAMED mode) and buffered to EOS (bounded) otherwise, with the client's model name restored if it was
@@ -29,7 +31,7 @@ import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from envoy.config.core.v3 import base_pb2
@@ -46,6 +48,10 @@ from picker.request.model import InferenceRequest
 from picker.request.parse import parse_request
 from picker.request.subset import parse_subset
 from picker.settings import ServerSettings
+from picker.telemetry import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["EXPLAIN_HEADER", "Phase", "Stream", "StreamEnv"]
 
@@ -53,6 +59,8 @@ log = logging.getLogger(__name__)
 
 EXPLAIN_HEADER = "x-picker-explain"
 _REMOVED = (*sorted(hdr.CONTROL), hdr.DESTINATION_SERVED)
+# llm-d's sidecar acts on these: only picker sets them; a client-sent one is removed when picker sets none.
+_SIDECAR = (hdr.PREFILLER, hdr.ENCODERS, hdr.DATA_PARALLEL)
 _NO_BODY_MODE = processing_mode_pb2.ProcessingMode.NONE
 _PARTIAL_MODE = processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL
 _UNSET = object()
@@ -100,6 +108,7 @@ class Stream:
         self._subset: object = _UNSET
         self._served: str | None = None
         self.response: ResponsePath | None = None  # set when the response phase starts
+        self.span: Span | None = None  # gateway.request, with tracing on (telemetry/tracing.py)
 
     # -- dispatch ----------------------------------------------------------------------------------------
 
@@ -109,6 +118,12 @@ class Stream:
         if msg.HasField("metadata_context"):
             self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
+        if self.span is None:
+            return await self._dispatch(kind, msg)
+        with tracing.use(self.span):  # current while a message is handled: the director's spans are its children
+            return await self._dispatch(kind, msg)
+
+    async def _dispatch(self, kind: str | None, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         try:
             if kind == "request_headers":
                 return await self._request_headers(msg)
@@ -140,6 +155,32 @@ class Stream:
                 self.env.director.hold(routed)  # the request may still be running upstream
         self.phase = Phase.CLOSED
         self.done = True
+        if self.span is not None:
+            self._end_span(self.span)
+
+    def _start_span(self) -> None:
+        tracer = self.env.director.tracer
+        if tracer is None:
+            return
+        from opentelemetry.trace import SpanKind
+
+        self.span = tracer.start_span(
+            tracing.REQUEST_SPAN,
+            context=tracing.extract(self.headers),
+            kind=SpanKind.SERVER,
+            attributes={"picker.gateway": self.profile.name, "picker.body_mode": self.mode.value},
+        )
+
+    def _end_span(self, span: Span) -> None:
+        if span.is_recording():
+            req = self.routed.req if self.routed is not None else self.req
+            if req is not None:
+                span.set_attribute("gen_ai.request.model", req.model)
+                span.set_attribute("picker.target_model", req.target_model)
+                span.set_attribute("picker.request_id", req.request_id)
+            if self.routed is not None:
+                span.set_attribute("picker.destination", self.routed.destination)
+        span.end()
 
     # -- request path ------------------------------------------------------------------------------------
 
@@ -160,6 +201,13 @@ class Stream:
             self.expect_response = config.response_body_mode != _NO_BODY_MODE
             self._partial = config.request_body_mode == _PARTIAL_MODE
         self.phase = Phase.REQUEST
+        self._start_span()
+        if self.span is None:
+            return await self._answer_headers(msg)
+        with tracing.use(self.span):  # on_message made no span current: it did not exist yet
+            return await self._answer_headers(msg)
+
+    async def _answer_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         if msg.request_headers.end_of_stream:
             self._request_ended = True
             return [await self._route_on_headers()]
@@ -281,9 +329,15 @@ class Stream:
             set_headers.append((hdr.CONTENT_LENGTH, str(content_length)))
         if hdr.REQUEST_ID not in self.headers:
             set_headers.append((hdr.REQUEST_ID, routed.req.request_id))
+        if self.span is not None:  # the model server's spans join the trace as children of this request's
+            set_headers.extend(tracing.inject(self.span))
         if self.env.settings.explain_header and routed.result is not None:
             set_headers.append((EXPLAIN_HEADER, orjson.dumps(routed.result.explain()).decode()))
+        plugin_headers = routed.headers
+        if plugin_headers:
+            set_headers.extend(plugin_headers.items())
         remove = [key for key in _REMOVED if key in self.headers]
+        remove.extend(key for key in _SIDECAR if key in self.headers and key not in plugin_headers)
         return set_headers, remove
 
     def _parse(self, body: bytes) -> InferenceRequest:
@@ -297,11 +351,19 @@ class Stream:
         )
 
     def _read_headers(self, values: Sequence[base_pb2.HeaderValue]) -> bool:
-        """Store the request headers (keys lower-cased). True if values came as ``value`` strings (the shim)."""
+        """Store the request headers (keys lower-cased). True if values came as ``value`` strings (the shim).
+
+        Over ``max_header_bytes`` (names + values, as sent) is a 431: gateways cap headers too (Envoy at 60 KiB by
+        default), but picker does not rely on a peer for its memory bound."""
         headers = self.headers
         value_strings = False
+        limit = self.env.settings.max_header_bytes
+        size = 0
         for h in values:
             raw = h.raw_value
+            size += len(h.key) + len(raw) + len(h.value)
+            if size > limit:
+                raise errors.HeadersTooLarge(f"request headers exceed the limit of {limit} bytes")
             if raw:
                 value = raw.decode("utf-8", "replace")
             else:
@@ -391,12 +453,14 @@ class Stream:
 
     def _fail(self, err: errors.PickerError) -> Sequence[pb.ProcessingResponse]:
         self.env.director.record_error(err, self.req)
+        if self.span is not None:
+            tracing.fail(self.span, err)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request failed", extra={"status": err.status, "error": err.wire_text})
         self.done = True
         if self.phase < Phase.ROUTED:
             self.phase = Phase.CLOSED
-        return (responses.immediate(err),)
+        return (responses.immediate(err, retry_after_s=self.env.settings.retry_after_s),)
 
     def _violation(self, what: str) -> Sequence[pb.ProcessingResponse]:
         """A message the protocol does not allow here: 400 before routing, a clean close after."""

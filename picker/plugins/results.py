@@ -2,8 +2,9 @@
 
 ``SchedulingResult`` is the decision: the targets, each profile's run (per-plugin scores, weights, totals, the
 plugins whose contribution was dropped and why) and each plugin's duration. ``explain()`` renders it as JSON.
-Plugins may implement the hooks ``pre_request`` (the destination is chosen), ``post_response`` (the response
-completed) and ``endpoints_changed`` (the pool's membership changed).
+Plugins may implement the hooks ``pre_request`` (the destination is chosen), ``request_headers`` (headers to set
+on the request sent upstream, e.g. llm-d's ``x-prefiller-host-port``), ``post_response`` (the response completed)
+and ``endpoints_changed`` (the pool's membership changed).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "PostResponse",
     "PreRequest",
     "ProfileRun",
+    "RequestHeaders",
     "ResponseHeaders",
     "ResponseInfo",
     "SchedulingResult",
@@ -107,6 +109,15 @@ class PreRequest(Protocol):
     """Optional hook: called once the destination is chosen (e.g. a prefix index learns the pick)."""
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class RequestHeaders(Protocol):
+    """Optional hook: headers to set on the request picker routes upstream, once the destination is chosen (e.g.
+    the disaggregation handler's ``x-prefiller-host-port`` for the decode pod's sidecar). picker sets them on the
+    routing answer, overwriting any client-sent value; values must be strings."""
+
+    def request_headers(self, req: InferenceRequest, result: SchedulingResult) -> Mapping[str, str]: ...
 
 
 @runtime_checkable

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -54,6 +54,9 @@ class InferenceRequest:
     subset: Subset | None = None  # None: no hint, all endpoints are candidates
     body: bytes = b""  # the body to send upstream (original bytes unless the model was rewritten)
     body_json: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # The prompt's token ids as the target model server tokenises it, when a token source looked them up before
+    # scheduling (the precise prefix scorer needs them); None: not looked up, or the lookup failed.
+    token_ids: Sequence[int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def lora_adapter(self) -> str:

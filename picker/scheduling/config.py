@@ -35,7 +35,7 @@ from picker.scheduling.framework import Filter, Picker, PluginContext, ProfileHa
 from picker.scheduling.isolation import DEFAULT_ISOLATION, Isolation
 from picker.scheduling.plugins import max_score, parsers, single_profile
 from picker.scheduling.profile import Profile, WeightedScorer
-from picker.scheduling.spec import ConfiguredPlugin, PluginSpec
+from picker.scheduling.spec import BindsPlugins, ConfiguredPlugin, PluginSpec
 
 __all__ = [
     "API_VERSIONS",
@@ -234,6 +234,7 @@ def _build(text: str, ctx: PluginContext, source: str) -> SchedulerConfig:
     isolation = doc.plugin_isolation.isolation() if doc.plugin_isolation else DEFAULT_ISOLATION
     plugins = _instantiate(doc.plugins, ctx, isolation, source)
     profiles = _profiles(doc.scheduling_profiles, plugins, ctx, source)
+    _bind(plugins, profiles, source)
     handler = _handler(plugins, profiles, source)
     data_layer = doc.data_layer or doc.data
     data_sources = tuple(
@@ -385,6 +386,16 @@ def _profiles(
                 )
         profiles[decl.name] = Profile(decl.name, filters, scorers, picker or fallback_picker())
     return profiles
+
+
+def _bind(plugins: Mapping[str, object], profiles: Mapping[str, Profile], source: str) -> None:
+    """Resolve the plugins that name other plugins or profiles (a P/D handler's deciders and profiles)."""
+    for name, plugin in plugins.items():
+        if isinstance(plugin, BindsPlugins):
+            try:
+                plugin.bind(plugins, tuple(profiles))
+            except ValueError as exc:
+                raise errors.ConfigError(f"{source}: plugin {name!r} ({_type_of(plugin)}): {exc}") from exc
 
 
 def _handler(plugins: Mapping[str, object], profiles: Mapping[str, Profile], source: str) -> ProfileHandler:

@@ -14,6 +14,8 @@ from picker.scheduling.plugins import (
     active_request,
     by_label,
     datalayer,
+    disagg_handler,
+    disagg_headers,
     flow_policies,
     header_testing,
     kv_cache,
@@ -24,7 +26,9 @@ from picker.scheduling.plugins import (
     max_score,
     no_hit_lru,
     parsers,
+    pd_deciders,
     picker_load,
+    precise_prefix,
     prefix,
     queue,
     random_picker,
@@ -35,6 +39,7 @@ from picker.scheduling.plugins import (
     session_affinity,
     single_profile,
     token_load,
+    token_producer,
     weighted_random,
 )
 from picker.scheduling.spec import PluginSpec
@@ -50,6 +55,7 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             running.SPEC,
             kv_cache.SPEC,
             prefix.SPEC,
+            precise_prefix.SPEC,
             lora.SPEC,
             token_load.SPEC,
             load_aware.SPEC,
@@ -71,8 +77,16 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             max_score.SPEC,
             random_picker.SPEC,
             weighted_random.SPEC,
-            # profile handlers
+            # profile handlers, and the P/D deciders and header plugins they use
             single_profile.SPEC,
+            disagg_handler.SPEC,
+            disagg_handler.LEGACY_SPEC,
+            pd_deciders.SPEC,
+            pd_deciders.ALWAYS_SPEC,
+            pd_deciders.PROMPT_LENGTH_SPEC,
+            pd_deciders.MULTIMODAL_SPEC,
+            disagg_headers.SPEC,
+            disagg_headers.LEGACY_SPEC,
             # accepted, kept for other packages
             datalayer.METRICS_SPEC,
             datalayer.EXTRACTOR_SPEC,
@@ -86,6 +100,7 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             flow_policies.FCFS_SPEC,
             flow_policies.EDF_SPEC,
             flow_policies.STATIC_USAGE_LIMIT_SPEC,
+            token_producer.SPEC,
         )
     }
 )

@@ -19,6 +19,7 @@ import orjson
 
 from picker import errors
 from picker.endpoints.model import Endpoint, EndpointSnapshot
+from picker.request import headers as hdr
 from picker.request.model import InferenceRequest
 from picker.scheduling.config import SchedulerConfig
 from picker.scheduling.framework import (
@@ -30,6 +31,7 @@ from picker.scheduling.framework import (
     PreRequest,
     ProfileResult,
     ProfileRun,
+    RequestHeaders,
     ResponseHeaders,
     ResponseInfo,
     SchedulingResult,
@@ -44,6 +46,10 @@ NO_CANDIDATES = "failed to find endpoint candidates for serving the request"
 PROFILE_PICKER, PROCESS_RESULTS = "ProfilePicker", "ProcessProfilesResults"
 PRE_REQUEST, RESPONSE_COMPLETE = "PreRequest", "ResponseComplete"
 RESPONSE_HEADERS = "ResponseHeaders"
+REQUEST_HEADERS = "PreRequest"  # the reference sets request headers in PreRequest plugins: timed as such
+# Request headers a plugin may not set: picker's routing decision and the gateway's own (a plugin that set the
+# destination header would bypass picker's lease accounting); llm-d's sidecar headers are what plugins are for.
+_PICKER_OWNED = (hdr.SYSTEM_OWNED - {hdr.PREFILLER, hdr.ENCODERS, hdr.DATA_PARALLEL}) | {"host"}
 # A handler that keeps naming new profiles is a bug; stop rather than loop forever.
 _MAX_ROUNDS = 16
 ENDPOINTS_CHANGED = "EndpointsChanged"  # for log messages only: the reference times no such point
@@ -95,6 +101,7 @@ class Scheduler:
         self._post_response = _hooks(plugins, PostResponse, "post_response", RESPONSE_COMPLETE)
         self._endpoint_watchers = _hooks(plugins, EndpointsChanged, "endpoints_changed", ENDPOINTS_CHANGED)
         self._response_headers = _hooks(plugins, ResponseHeaders, "response_headers", RESPONSE_HEADERS)
+        self._request_headers = _hooks(plugins, RequestHeaders, "request_headers", REQUEST_HEADERS)
         self._known_keys: frozenset[str] | None = None
 
     def schedule(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult:
@@ -159,6 +166,33 @@ class Scheduler:
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> tuple[PluginTiming, ...]:
         """Tell PreRequest plugins the destination is chosen. A failing plugin is logged, not fatal."""
         return _fan_out(self._pre_request, PRE_REQUEST, req, result)
+
+    def request_headers(self, req: InferenceRequest, result: SchedulingResult) -> dict[str, str]:
+        """Headers RequestHeaders plugins want on the request routed upstream (e.g. ``x-prefiller-host-port``).
+
+        Keys are lower-cased; a failing plugin contributes nothing; values must be strings; picker's own headers
+        (the destination, content-length, the gateway's control headers) and pseudo-headers are never taken."""
+        out: dict[str, str] = {}
+        for hook in self._request_headers:
+            call = cast(Callable[[InferenceRequest, SchedulingResult], object], hook.call)
+            got: object
+            if hook.guard is not None:
+                got = hook.guard.call(call, req, result)
+                if isinstance(got, Dropped):
+                    continue
+                hook.guard.ok()
+            else:
+                try:
+                    got = call(req, result)
+                except Exception:
+                    log.exception("RequestHeaders plugin %s failed for request %s", hook.label, req.request_id)
+                    continue
+            if isinstance(got, Mapping):
+                for k, v in got.items():
+                    key = str(k).lower()
+                    if isinstance(v, str) and key and not key.startswith(":") and key not in _PICKER_OWNED:
+                        out[key] = v
+        return out
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
         """Tell PostResponse plugins the response completed. A failing plugin is logged, not fatal."""

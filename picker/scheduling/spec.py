@@ -8,14 +8,14 @@ Every plugin module defines ``TYPE``, ``Params`` (a ``PluginParams``), ``create(
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from picker.plugins.api import PluginContext
 from picker.plugins.params import NoParams, PluginParams
 
-__all__ = ["ConfiguredPlugin", "NoParams", "PluginParams", "PluginSpec"]
+__all__ = ["BindsPlugins", "ConfiguredPlugin", "NoParams", "PluginParams", "PluginSpec"]
 
 
 P = TypeVar("P", bound=PluginParams)
@@ -39,3 +39,13 @@ class ConfiguredPlugin:
     name: str
     params: PluginParams
     kind: str  # "data-source", "extractor", "saturation-detector", "parser"
+
+
+@runtime_checkable
+class BindsPlugins(Protocol):
+    """A plugin that refers to other plugins or to profiles by name (e.g. a profile handler and its deciders).
+
+    The loader calls ``bind`` once every plugin and profile exists; a ``ValueError`` (naming what is missing or
+    wrong) becomes a ``ConfigError`` naming the plugin."""
+
+    def bind(self, plugins: Mapping[str, object], profiles: Collection[str]) -> None: ...

@@ -11,7 +11,7 @@ from typing import Final
 
 __all__ = ["REASONS", "ScrapeError"]
 
-REASONS: Final = ("http", "timeout", "connect", "too_large", "parse", "missing", "value", "internal")
+REASONS: Final = ("http", "timeout", "refused", "connect", "too_large", "parse", "missing", "value", "internal")
 
 
 class ScrapeError(Exception):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from picker.endpoints.freshness import Change, FreshnessTracker, Transition
+from picker.endpoints.freshness import REFUSED, Change, FreshnessTracker, Transition
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.store import EndpointStore
 from picker.scrape import engines
@@ -218,6 +218,10 @@ class _Poller:
             return _Outcome(ep.key, None, exc)
         except TimeoutError:
             return _Outcome(ep.key, None, ScrapeError("timeout", f"no complete answer in {self._settings.timeout_s} s"))
+        except aiohttp.ClientConnectorError as exc:
+            # Refused: nothing listens (killed, not started yet); freshness excludes at once. Else: maybe transient.
+            reason = REFUSED if isinstance(exc.os_error, ConnectionRefusedError) else "connect"
+            return _Outcome(ep.key, None, ScrapeError(reason, f"{type(exc).__name__}: {exc}"))
         except aiohttp.ClientError as exc:
             return _Outcome(ep.key, None, ScrapeError("connect", f"{type(exc).__name__}: {exc}"))
         except Exception as exc:  # a bug must not stop the scraping of every endpoint; logged at the transition

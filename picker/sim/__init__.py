@@ -4,7 +4,7 @@ One engine model (``engine.Engine``, a discrete-event step function on the calle
 (``virtual.run_virtual``, the policy lab) and in real time behind the HTTP server (``server.SimServer`` paced by
 ``driver.EngineDriver``). ``config`` holds the step-time model and presets, ``tokenizer`` the deterministic
 tokenizer shared with the load client. The names below need no aiohttp; import ``server``/``harness``/``cli``
-for the HTTP side.
+(and ``sidecar``, llm-d's prefill/decode routing sidecar) for the HTTP side.
 """
 
 from picker.sim.config import PRESETS, EngineConfig, StepTiming, preset

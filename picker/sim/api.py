@@ -3,6 +3,11 @@
 Parsing is strict about types (a bad field is a 400 with an OpenAI-style error, never a crash) and lenient
 about unknown fields (temperature, top_p, stop, ... are accepted and ignored, as a sampler-less sim must).
 Defaults are vLLM's: ``max_tokens`` 16 for /v1/completions, "up to the context length" for chat.
+
+Prefill/decode disaggregation (vLLM's ``kv_transfer_params``, NIXL connector shape): ``do_remote_decode: true``
+makes the request a prefill for another server, answered with finish reason ``remote_decode`` and the
+``kv_transfer_params`` a decode server needs (``remote_transfer_params``); ``do_remote_prefill: true`` makes it
+the decode half: its prompt's KV is pulled, not computed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ __all__ = [
     "completion_body",
     "error_body",
     "parse_generate",
+    "remote_transfer_params",
     "render_chat",
     "usage",
 ]
@@ -60,6 +66,8 @@ class ParsedRequest:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    remote_decode: bool = False  # kv_transfer_params.do_remote_decode: a prefill for another server
+    remote_prefill: bool = False  # kv_transfer_params.do_remote_prefill: prefilled elsewhere, pull the KV
 
 
 def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
@@ -155,6 +163,13 @@ def parse_generate(kind: Kind, body: object, tokenizer: Tokenizer, default_model
     if options is not None and not isinstance(options, dict):
         raise ApiError.bad("'stream_options' must be an object", "stream_options")
     include_usage = _opt_bool(options, "include_usage") if options else False
+    transfer = body.get("kv_transfer_params")
+    if transfer is not None and not isinstance(transfer, dict):
+        raise ApiError.bad("'kv_transfer_params' must be an object", "kv_transfer_params")
+    remote_decode = _opt_bool(transfer, "do_remote_decode") if transfer else False
+    remote_prefill = _opt_bool(transfer, "do_remote_prefill") if transfer else False
+    if remote_decode and remote_prefill:
+        raise ApiError.bad("do_remote_decode and do_remote_prefill are exclusive", "kv_transfer_params")
     return ParsedRequest(
         kind=kind,
         model=model,
@@ -164,6 +179,8 @@ def parse_generate(kind: Kind, body: object, tokenizer: Tokenizer, default_model
         ignore_eos=_opt_bool(body, "ignore_eos"),
         stream=stream,
         include_usage=include_usage,
+        remote_decode=remote_decode,
+        remote_prefill=remote_prefill,
     )
 
 
@@ -176,8 +193,32 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+def remote_transfer_params(
+    engine_id: str, host: str, port: int, request_id: str, prompt_tokens: int, block_size: int
+) -> dict[str, Any]:
+    """What a prefill server answers for the decode server (vLLM NIXL's fields). The simulator moves no data:
+    the block ids are the prompt's block positions."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": list(range(-(-prompt_tokens // block_size))),
+        "remote_engine_id": engine_id,
+        "remote_host": host,
+        "remote_port": port,
+        "remote_request_id": request_id,
+        "tp_size": 1,
+    }
+
+
 def completion_body(
-    kind: Kind, rid: str, created: int, model: str, text: str, finish_reason: str, usage_: dict[str, Any]
+    kind: Kind,
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_: dict[str, Any],
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     if kind == "chat":
         choice: dict[str, Any] = {
@@ -190,9 +231,10 @@ def completion_body(
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
-    return orjson.dumps(
-        {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage_}
-    )
+    doc = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage_}
+    if kv_transfer_params is not None:
+        doc["kv_transfer_params"] = kv_transfer_params
+    return orjson.dumps(doc)
 
 
 def chunk(

@@ -12,6 +12,12 @@ One engine step (one forward pass over the batch) takes
 all of it times ``slowdown`` (1.0; 2.5 plays a server 2.5x slower than its preset: a throttled or failing GPU,
 a noisy neighbour — what no request counter sees).
 
+Prefill/decode disaggregation: a request whose prompt was prefilled on another server (``remote_prefill``) pulls
+its KV cache over the server's link instead of computing it: ``kv_transfer_s_per_token`` per prompt token not
+cached locally (KV bytes per token / link bandwidth; ``link_s_per_token(bytes, gbps)``), one transfer
+after another on the link, none of it inside an engine step. The presets' value is an 8B model's KV
+(``KV_BYTES_PER_TOKEN_8B`` = 128 KiB per token: 32 layers x 8 KV heads x 128 x 2 x fp16) over 100 Gb/s.
+
 The prefill step emits the first token, so an idle engine's TTFT for an n-token prompt with c cached tokens is
 one step with n - c prefill tokens; every later token costs one decode step of the whole batch.
 
@@ -29,7 +35,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["PRESETS", "EngineConfig", "StepTiming", "preset"]
+__all__ = [
+    "DEFAULT_LINK_GBPS",
+    "KV_BYTES_PER_TOKEN_8B",
+    "PRESETS",
+    "EngineConfig",
+    "StepTiming",
+    "link_s_per_token",
+    "preset",
+]
+
+KV_BYTES_PER_TOKEN_8B = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, fp16: 131072
+DEFAULT_LINK_GBPS = 100.0
+
+
+def link_s_per_token(kv_bytes_per_token: float, link_gbps: float) -> float:
+    """Seconds to move one token's KV cache over a link of ``link_gbps`` gigabits per second."""
+    if kv_bytes_per_token < 0 or link_gbps <= 0:
+        raise ValueError("kv_bytes_per_token must be >= 0 and link_gbps > 0")
+    return kv_bytes_per_token * 8 / (link_gbps * 1e9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +95,8 @@ class EngineConfig:
     hash_seed: int = 0
     seed: int = 0
     slowdown: float = 1.0  # multiplies every step's duration
+    # P/D: pulling a remotely prefilled prompt's KV, per token (module docstring)
+    kv_transfer_s_per_token: float = link_s_per_token(KV_BYTES_PER_TOKEN_8B, DEFAULT_LINK_GBPS)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size", "max_model_len"):
@@ -80,6 +106,8 @@ class EngineConfig:
             raise ValueError("max_loras/max_waiting must be >= 0 and natural_output_tokens >= 1")
         if not 0.0 < self.slowdown <= 100.0:
             raise ValueError("slowdown must be in (0, 100]")
+        if not 0.0 <= self.kv_transfer_s_per_token <= 1.0:
+            raise ValueError("kv_transfer_s_per_token must be in [0, 1] seconds")
         if self.model in self.lora_adapters:
             raise ValueError(f"LoRA adapter name {self.model!r} equals the base model name")
 

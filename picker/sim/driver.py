@@ -13,6 +13,7 @@ simulated servers run than the CPU can pace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -50,10 +51,12 @@ class EngineDriver:
         on_updates: Callable[[list[RequestState]], None] | None = None,
         stall_s: Callable[[], float] | None = None,
         lag_tolerance_s: float = 0.010,
+        on_step: Callable[[float], None] | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self._on_updates = on_updates
+        self._on_step = on_step  # after every step, with its end time (the KV-event publisher flushes there)
         self._stall_s = stall_s
         self._lag_tolerance_s = lag_tolerance_s
         self._handles: dict[str, RequestHandle] = {}
@@ -96,9 +99,13 @@ class EngineDriver:
             else:  # back to back, but never before a request it may admit arrived
                 start = max(prev_end, self._last_submit_s)
             end = engine.begin_step(start, stall_s=self._stall_s() if self._stall_s else 0.0)
-            if end is None:  # work exists but none is schedulable (cannot happen with a sane config)
+            if end is None:  # work exists but none is schedulable: KV transfers in flight (or a bad config)
                 prev_end = None
-                await asyncio.sleep(0.001)
+                wakeup = engine.next_wakeup_s
+                timeout = 0.001 if wakeup is None else max(0.0, wakeup - self.clock())
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
             delay = end - self.clock()
             if delay > 0:
@@ -118,3 +125,5 @@ class EngineDriver:
                         del handles[state.request_id]
             if self._on_updates is not None and updates:
                 self._on_updates(updates)
+            if self._on_step is not None:
+                self._on_step(end)

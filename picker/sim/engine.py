@@ -21,6 +21,20 @@ Scheduling follows vLLM v1 (FCFS):
 
 Answers are deterministic: the tokens and the natural (EOS) length come from a hash of the prompt, the adapter
 and ``EngineConfig.seed``.
+
+KV-cache events (``record_kv_events = True``): as vLLM's prefix cache reports them, from the block pool itself —
+a block that becomes findable by its hash is *stored* (consecutive blocks of one request in one step form one
+``KVStored`` with the parent hash, the blocks' tokens and the adapter), a findable block reused for other
+content is *removed*, and ``clear_cache`` (vLLM's ``reset_prefix_cache``) is *all cleared*. ``drain_kv_events``
+hands them over in order; ``picker.sim.kvevents`` publishes them on vLLM's wire.
+
+Prefill/decode disaggregation, as vLLM's NIXL connector does it: a prefill server serves the prompt with
+``max_tokens`` 1 like any request (its blocks stay in the prefix cache). A decode server gets the request again
+with ``remote_prefill``: when it is admitted, its blocks are allocated and the prompt tokens it does not cache
+locally are pulled over the link (``EngineConfig.kv_transfer_s_per_token`` each, one transfer after another; the
+request waits, counted as waiting, and no step runs for it); once they landed, the request runs like any other
+whose prompt is cached: one step computes the last prompt token and emits the first output token, then it
+decodes. ``next_wakeup_s`` tells a driver when an idle engine has a transfer landing.
 """
 
 from __future__ import annotations
@@ -38,7 +52,19 @@ from picker.sim.config import EngineConfig
 from picker.sim.kvcache import BlockPool, chain_hashes, root_hash
 from picker.sim.tokenizer import Tokenizer, default_tokenizer
 
-__all__ = ["Engine", "EngineStats", "FinishReason", "RejectKind", "RequestRejected", "RequestState", "SimRequest"]
+__all__ = [
+    "Engine",
+    "EngineStats",
+    "FinishReason",
+    "KVCleared",
+    "KVEvent",
+    "KVRemoved",
+    "KVStored",
+    "RejectKind",
+    "RequestRejected",
+    "RequestState",
+    "SimRequest",
+]
 
 FinishReason = Literal["stop", "length", "abort"]
 RejectKind = Literal["queue_full", "too_long", "unknown_model", "bad_request"]
@@ -54,6 +80,30 @@ class RequestRejected(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class KVStored:
+    """Blocks that became findable: their hashes, the hash before the first (None: a sequence start), their
+    tokens (``block_size`` per hash) and the adapter (None: the base model)."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    lora: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KVRemoved:
+    block_hashes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCleared:
+    pass
+
+
+KVEvent = KVStored | KVRemoved | KVCleared
+
+
+@dataclass(frozen=True, slots=True)
 class SimRequest:
     request_id: str
     prompt_ids: Sequence[int]
@@ -61,10 +111,12 @@ class SimRequest:
     min_tokens: int = 0
     ignore_eos: bool = False
     lora: str | None = None  # adapter name; None = base model
+    remote_prefill: bool = False  # prefilled elsewhere: pull the prompt's KV instead of computing it
 
 
 class Status(enum.Enum):
     WAITING = "waiting"
+    LOADING = "loading"  # pulling a remotely prefilled prompt's KV (vLLM's WAITING_FOR_REMOTE_KVS)
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -89,6 +141,8 @@ class RequestState:
         "num_preemptions",
         "output_ids",
         "prompt_tokens",
+        "ready_s",
+        "remote_prefill",
         "request_id",
         "scheduled_s",
         "seed",
@@ -96,6 +150,7 @@ class RequestState:
         "target_output",
         "target_reason",
         "tokens",
+        "transfer_tokens",
     )
 
     def __init__(
@@ -103,6 +158,9 @@ class RequestState:
     ) -> None:
         self.request_id = req.request_id
         self.lora = req.lora
+        self.remote_prefill = req.remote_prefill
+        self.ready_s: float | None = None  # when its pulled KV lands (remote prefill)
+        self.transfer_tokens = 0  # prompt tokens pulled over the link
         self.max_tokens = max_tokens  # the request's, or what max_model_len leaves
         self.tokens = array("I", req.prompt_ids)
         self.prompt_tokens = len(self.tokens)
@@ -159,6 +217,9 @@ class EngineStats:
     preemptions: int
     steps: int
     busy_s: float
+    prefill_tokens: int = 0  # prompt tokens computed here (prefill passes)
+    pulled_tokens: int = 0  # prompt tokens whose KV was pulled from a prefill server (remote prefill)
+    max_step_s: float = 0.0  # the longest step: a long prefill stalls every sequence in its batch this long
 
 
 @dataclass(slots=True)
@@ -177,9 +238,13 @@ class Engine:
         self.config = config
         self._word_ids = (tokenizer or default_tokenizer()).word_ids
         self._roots = {name: root_hash(name, config.hash_seed) for name in config.served_models}
-        self.pool = BlockPool(config.num_gpu_blocks, enable_caching=config.enable_prefix_caching)
+        self.record_kv_events = False
+        self._kv_events: list[KVEvent] = []
+        self.pool = self._new_pool()
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
+        self._loading: list[RequestState] = []  # pulling KV over the link (remote prefill)
+        self._link_free_s = float("-inf")  # when the link finishes the transfers already started
         self._live: dict[str, RequestState] = {}
         self._step: _Step | None = None
         self.prefix_queries_tokens = 0
@@ -187,6 +252,9 @@ class Engine:
         self.preemptions = 0
         self.steps = 0
         self.busy_s = 0.0
+        self.prefill_tokens = 0
+        self.pulled_tokens = 0
+        self.max_step_s = 0.0
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -243,6 +311,8 @@ class Engine:
             return None
         if state.status is Status.WAITING:
             self._waiting.remove(state)
+        elif state.status is Status.LOADING:
+            self._loading.remove(state)
         else:
             self._running.remove(state)
         self._finish(state, now, "abort")
@@ -255,7 +325,12 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._loading)
+
+    @property
+    def next_wakeup_s(self) -> float | None:
+        """When the first KV transfer in flight lands (an idle engine starts a step then); None: none."""
+        return min((r.ready_s for r in self._loading if r.ready_s is not None), default=None)
 
     @property
     def step_end_s(self) -> float | None:
@@ -273,6 +348,8 @@ class Engine:
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[RequestState, int]] = []
         preempted = False
+        if self._loading:
+            self._land_transfers(now)
 
         i = 0
         while i < len(self._running) and budget > 0:
@@ -299,12 +376,13 @@ class Engine:
         prefill = decode = context = 0
         lora = False
         for req, n in scheduled:
-            if n == 1 and req.output_ids and req.num_computed == req.num_tokens - 1:
-                decode += 1
+            if n == 1 and (req.output_ids or req.remote_prefill) and req.num_computed == req.num_tokens - 1:
+                decode += 1  # a decode-shaped token (a pulled prompt's last token too: no prefill pass)
             else:
                 prefill += n
             context += req.num_computed + n
             lora = lora or req.lora is not None
+        self.prefill_tokens += prefill
         duration = cfg.timing.step_s(prefill_tokens=prefill, decode_seqs=decode, context_tokens=context, lora=lora)
         duration = duration * cfg.slowdown + stall_s
         self._step = _Step(now, now + duration, scheduled)
@@ -321,9 +399,18 @@ class Engine:
                 skipped.append(self._waiting.popleft())
                 continue
             n_tokens = req.num_tokens
-            self._extend_hashes(req, n_tokens // bs)
-            hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
-            n_cached = len(hits) * bs
+            if req.remote_prefill and req.ready_s is None:
+                if not self._start_transfer(req, now):
+                    break
+                self._waiting.popleft()
+                continue
+            if req.remote_prefill:  # its KV landed: only the last prompt token is computed
+                hits: Sequence[int] = ()
+                n_cached = req.num_computed
+            else:
+                self._extend_hashes(req, n_tokens // bs)
+                hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
+                n_cached = len(hits) * bs
             n = n_tokens - n_cached
             if not cfg.enable_chunked_prefill and n > budget:
                 break
@@ -333,8 +420,9 @@ class Engine:
             self._waiting.popleft()
             req.status = Status.RUNNING
             self._running.append(req)
-            self.prefix_queries_tokens += n_tokens
-            self.prefix_hits_tokens += n_cached
+            if not req.remote_prefill:  # a pulled prompt was counted when its transfer started
+                self.prefix_queries_tokens += n_tokens
+                self.prefix_hits_tokens += n_cached
             if req.scheduled_s is None:
                 req.scheduled_s = max(now, req.arrival_s)
                 req.cached_tokens = n_cached
@@ -353,6 +441,7 @@ class Engine:
         self._step = None
         self.steps += 1
         self.busy_s += step.end_s - step.start_s
+        self.max_step_s = max(self.max_step_s, step.end_s - step.start_s)
         end = step.end_s
         updated: list[RequestState] = []
         any_finished = False
@@ -379,6 +468,44 @@ class Engine:
             self._running = [r for r in self._running if r.status is Status.RUNNING]
         return updated
 
+    # -- KV transfers (remote prefill) ---------------------------------------------------------------------
+
+    def _start_transfer(self, req: RequestState, now: float) -> bool:
+        """Allocate the whole prompt's blocks and start pulling what is not cached here; False if the pool is
+        short. The pulled blocks enter the prefix cache when they land, not before."""
+        bs = self.config.block_size
+        n_tokens = req.num_tokens
+        self._extend_hashes(req, n_tokens // bs)
+        hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
+        n_cached = len(hits) * bs
+        pulled = n_tokens - n_cached
+        if not self._allocate(req, pulled, hits, cache=False):
+            return False
+        req.status = Status.LOADING
+        req.transfer_tokens = pulled
+        self.pulled_tokens += pulled
+        start = max(now, self._link_free_s)
+        req.ready_s = self._link_free_s = start + pulled * self.config.kv_transfer_s_per_token
+        req.scheduled_s = max(now, req.arrival_s)
+        req.cached_tokens = n_cached
+        self.prefix_queries_tokens += n_tokens
+        self.prefix_hits_tokens += n_cached
+        self._loading.append(req)
+        return True
+
+    def _land_transfers(self, now: float) -> None:
+        """Requests whose KV landed by ``now`` wait at the front of the queue, their prompt computed but the
+        last token (as vLLM recomputes it), in the order their transfers started."""
+        landed = [r for r in self._loading if r.ready_s is not None and r.ready_s <= now]
+        if not landed:
+            return
+        self._loading = [r for r in self._loading if not (r.ready_s is not None and r.ready_s <= now)]
+        for req in reversed(landed):
+            req.num_computed = req.num_tokens - 1
+            self._cache_blocks(req, req.num_computed // self.config.block_size)
+            req.status = Status.WAITING
+            self._waiting.appendleft(req)
+
     # -- KV bookkeeping ---------------------------------------------------------------------------------------
 
     def _extend_hashes(self, req: RequestState, n_blocks: int) -> None:
@@ -387,8 +514,11 @@ class Engine:
             parent = req.hashes[-1] if req.hashes else self._roots[req.lora or self.config.model]
             req.hashes.extend(chain_hashes(req.tokens, self.config.block_size, parent, have, n_blocks))
 
-    def _allocate(self, req: RequestState, n: int, hits: Sequence[int]) -> bool:
-        """Give ``req`` KV slots for ``n`` more tokens after its cached ``hits``; False if the pool is short."""
+    def _allocate(self, req: RequestState, n: int, hits: Sequence[int], *, cache: bool = True) -> bool:
+        """Give ``req`` KV slots for ``n`` more tokens after its cached ``hits``; False if the pool is short.
+
+        ``cache``: register the full blocks this step computes in the prefix cache now (False: a pull does it
+        when the KV lands)."""
         bs = self.config.block_size
         computed = req.num_computed + len(hits) * bs
         need = -(-(computed + n) // bs) - len(req.blocks) - len(hits)
@@ -403,15 +533,68 @@ class Engine:
             fresh = self.pool.allocate(need)
             assert fresh is not None
             req.blocks.extend(fresh)
-        full = (computed + n) // bs
-        if full > req.num_cached_blocks:
-            self._extend_hashes(req, full)
-            for j in range(req.num_cached_blocks, full):
-                self.pool.cache(req.blocks[j], req.hashes[j])
-            req.num_cached_blocks = full
+        if cache:
+            self._cache_blocks(req, (computed + n) // bs)
         return True
 
+    def _cache_blocks(self, req: RequestState, full: int) -> None:
+        """Register ``req``'s first ``full`` blocks in the prefix cache (those not registered yet)."""
+        if full > req.num_cached_blocks:
+            self._extend_hashes(req, full)
+            new: list[int] = []  # indexes of blocks that became findable, for the KV events
+            for j in range(req.num_cached_blocks, full):
+                if self.pool.cache(req.blocks[j], req.hashes[j]):
+                    new.append(j)
+            if new and self.record_kv_events:
+                self._stored(req, new)
+            req.num_cached_blocks = full
+
+    def _stored(self, req: RequestState, indexes: list[int]) -> None:
+        """One ``KVStored`` per run of consecutive new blocks of ``req``."""
+        bs = self.config.block_size
+        run: list[int] = []
+        for j in indexes:
+            if run and j != run[-1] + 1:
+                self._emit_stored(req, run, bs)
+                run = []
+            run.append(j)
+        self._emit_stored(req, run, bs)
+
+    def _emit_stored(self, req: RequestState, run: list[int], bs: int) -> None:
+        first, last = run[0], run[-1]
+        parent = req.hashes[first - 1] if first > 0 else None
+        tokens = req.tokens[first * bs : (last + 1) * bs].tolist()
+        self._kv_events.append(KVStored([req.hashes[j] for j in run], parent, tokens, req.lora))
+
+    def _removed(self, block_hash: int) -> None:
+        if self.record_kv_events:
+            events = self._kv_events
+            last = events[-1] if events else None
+            if type(last) is KVRemoved:
+                last.block_hashes.append(block_hash)
+            else:
+                events.append(KVRemoved([block_hash]))
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        """The KV events since the last call, in order."""
+        events, self._kv_events = self._kv_events, []
+        return events
+
+    def clear_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: forget every cached block; refused (False) while requests hold blocks."""
+        if self._running or self._loading or any(r.blocks for r in self._waiting):
+            return False
+        self.pool.reset()
+        if self.record_kv_events:
+            self._kv_events.append(KVCleared())
+        return True
+
+    def _new_pool(self) -> BlockPool:
+        cfg = self.config
+        return BlockPool(cfg.num_gpu_blocks, enable_caching=cfg.enable_prefix_caching, on_evict=self._removed)
+
     def _preempt(self, req: RequestState) -> None:
+        req.remote_prefill = False  # recompute mode: a preempted request prefills here, from its prefix cache
         self.pool.release(req.blocks[::-1])
         req.blocks = []
         req.num_computed = 0
@@ -433,7 +616,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            waiting=len(self._waiting),
+            waiting=len(self._waiting) + len(self._loading),
             running=len(self._running),
             kv_usage=self.pool.usage,
             num_gpu_blocks=self.config.num_gpu_blocks,
@@ -446,6 +629,9 @@ class Engine:
             preemptions=self.preemptions,
             steps=self.steps,
             busy_s=self.busy_s,
+            prefill_tokens=self.prefill_tokens,
+            pulled_tokens=self.pulled_tokens,
+            max_step_s=self.max_step_s,
         )
 
     def reset(self, now: float) -> list[RequestState]:
@@ -459,6 +645,9 @@ class Engine:
         self._live.clear()
         self._waiting.clear()
         self._running.clear()
+        self._loading.clear()
+        self._link_free_s = float("-inf")
         self._step = None
-        self.pool = BlockPool(self.config.num_gpu_blocks, enable_caching=self.config.enable_prefix_caching)
+        self._kv_events = []  # a crashed server publishes nothing more; its restart starts a new stream
+        self.pool = self._new_pool()
         return dropped

@@ -5,6 +5,10 @@ Per request (in this order): a crash once ``crash_after`` requests have arrived;
 open without a byte for ``hang_s``, then is dropped). Per engine step: a latency spike with probability
 ``spike_rate`` stalls the whole batch for ``spike_s``. Decisions use a seeded RNG, so a run is repeatable.
 
+The ``/metrics`` endpoint has faults of its own, for testing the scraper: ``metrics_delay_s`` before answering,
+and ``metrics_mode`` ``garbage`` (a page that is not Prometheus text) or ``huge`` (the real page padded with
+comment lines to ``metrics_huge_bytes``, sent chunked, so only the reader's own cap stops it).
+
 Error types follow llm-d-inference-sim's names; their HTTP statuses are our choice (reference/model-servers.md §6).
 """
 
@@ -16,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ERROR_TYPES", "Crash", "ErrorReply", "FaultInjector", "Faults", "Hang"]
+__all__ = ["ERROR_TYPES", "METRICS_MODES", "Crash", "ErrorReply", "FaultInjector", "Faults", "Hang"]
 
 # type -> (HTTP status, OpenAI error type, message)
 ERROR_TYPES: dict[str, tuple[int, str, str]] = {
@@ -29,6 +33,9 @@ ERROR_TYPES: dict[str, tuple[int, str, str]] = {
 }
 
 
+METRICS_MODES = ("ok", "garbage", "huge")
+
+
 @dataclass(frozen=True, slots=True)
 class Faults:
     error_rate: float = 0.0
@@ -39,6 +46,9 @@ class Faults:
     spike_s: float = 0.0
     crash_after: int | None = None  # requests; the N-th arrival crashes the server instead of being answered
     crash_down_s: float | None = None  # how long a crash keeps the port closed; None = until told to restart
+    metrics_delay_s: float = 0.0  # /metrics answers after this long
+    metrics_mode: str = "ok"  # ok | garbage | huge
+    metrics_huge_bytes: int = 50 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "hang_rate", "spike_rate"):
@@ -46,6 +56,10 @@ class Faults:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.hang_s < 0 or self.spike_s < 0 or (self.crash_down_s is not None and self.crash_down_s < 0):
             raise ValueError("durations must be >= 0")
+        if self.metrics_delay_s < 0 or self.metrics_huge_bytes < 0:
+            raise ValueError("metrics_delay_s and metrics_huge_bytes must be >= 0")
+        if self.metrics_mode not in METRICS_MODES:
+            raise ValueError(f"metrics_mode must be one of {', '.join(METRICS_MODES)}")
         if self.crash_after is not None and self.crash_after < 1:
             raise ValueError("crash_after must be >= 1")
         unknown = [t for t in self.error_types if t not in ERROR_TYPES]
@@ -68,7 +82,10 @@ class Faults:
             values["error_types"] = tuple(t.strip() for t in types)
         for key, value in values.items():
             is_number = isinstance(value, int | float) and not isinstance(value, bool)
-            if key != "error_types" and value is not None and not is_number:
+            if key == "metrics_mode":
+                if not isinstance(value, str):
+                    raise ValueError("metrics_mode must be a string")
+            elif key != "error_types" and value is not None and not is_number:
                 raise ValueError(f"{key} must be a number")
         return dataclasses.replace(self, **values)
 

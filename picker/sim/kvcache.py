@@ -8,6 +8,8 @@
   is reused: free blocks form an LRU queue, allocation takes the least recently freed one and only then
   forgets its hash. Never-used blocks come first.
 * KV usage is ``1 - free / total`` (vLLM's definition: cached-but-unreferenced blocks count as free).
+* With ``on_evict`` set, every hash that stops being findable because its block was reused is reported (the
+  engine turns these into vLLM's ``BlockRemoved`` events); ``cache`` says whether a hash became findable.
 
 Pure data structure: no clock, no I/O.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import xxhash
 
@@ -40,11 +42,14 @@ def chain_hashes(tokens: array[int], block_size: int, parent: int, start_block: 
 class BlockPool:
     """``num_blocks`` KV blocks with reference counts, a hash → block map and an LRU free queue."""
 
-    def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, *, enable_caching: bool = True, on_evict: Callable[[int], None] | None = None
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.on_evict = on_evict
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}
@@ -103,6 +108,8 @@ class BlockPool:
                     self._hash[b] = None
                     if self._cached.get(h) == b:
                         del self._cached[h]
+                        if self.on_evict is not None:
+                            self.on_evict(h)
             self._ref[b] = 1
             out.append(b)
         return out
@@ -120,12 +127,12 @@ class BlockPool:
             if ref == 0:
                 self._free[b] = None
 
-    def cache(self, block: int, block_hash: int) -> None:
-        """Make a full block findable by its hash (the first block with a hash keeps it)."""
+    def cache(self, block: int, block_hash: int) -> bool:
+        """Make a full block findable by its hash (the first block with a hash keeps it); True if it is new."""
         if not self.enable_caching:
-            return
+            return False
         self._hash[block] = block_hash
-        self._cached.setdefault(block_hash, block)
+        return self._cached.setdefault(block_hash, block) == block
 
     def reset(self) -> None:
         """Forget all cached contents (only valid when no block is referenced)."""

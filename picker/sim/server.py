@@ -1,13 +1,17 @@
 """The vLLM-compatible HTTP server around one engine (aiohttp).
 
 Endpoints: ``/v1/completions``, ``/v1/chat/completions`` (JSON or SSE, one token per chunk), ``/v1/models``,
-``/tokenize``, ``/detokenize``, ``/health``, ``/metrics``; and the simulator's own ``/admin/faults`` (GET/POST),
-``/admin/crash`` (POST ``{"down_s": seconds|null}``) and ``/admin/stats`` (GET).
+``/tokenize``, ``/detokenize``, ``/reset_prefix_cache``, ``/health``, ``/metrics``; and the simulator's own
+``/admin/faults`` (GET/POST), ``/admin/crash`` (POST ``{"down_s": seconds|null}``) and ``/admin/stats`` (GET).
 
 Every response carries ``x-backend: <name>`` (and ``x-inference-pod``/``-namespace``/``-port`` when configured),
 so a client behind a gateway sees which server answered. Errors are OpenAI-shaped JSON; malformed input is a
 400 and an oversized body a 413, never a crash. Several servers can share one process and one event loop
 (``cli.py`` runs ``--count N``), each with its own engine, driver task, fault injector and metrics registry.
+
+With ``ServerConfig.kv_events`` the engine's KV-cache events go out on vLLM's ZeroMQ wire after every step
+(``kvevents.py``), topic ``kv@<topic_host>:<port>@<model>``; a crash restarts the stream at sequence 0 (a new
+process), as a restarted vLLM does.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from picker.sim.config import EngineConfig
 from picker.sim.driver import EngineDriver, RequestHandle
 from picker.sim.engine import Engine, RequestRejected, SimRequest
 from picker.sim.faults import Crash, ErrorReply, FaultInjector, Faults, Hang
+from picker.sim.kvevents import KVEventPublisher
 from picker.sim.metrics import SimMetrics
 from picker.sim.tokenizer import Tokenizer, default_tokenizer
 
-__all__ = ["ServerConfig", "SimServer"]
+__all__ = ["KVEventsOptions", "ServerConfig", "SimServer"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,25 @@ _REJECT_STATUS = {
     "bad_request": (400, "BadRequestError"),
 }
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REMOTE_DECODE = "remote_decode"  # the finish reason of a prefill served for another server
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsOptions:
+    """Publish KV-cache events: ``port`` binds a PUB socket there (0: any free port), or ``zmq_endpoint`` dials
+    a router that binds (central mode); ``replay_port`` also serves replays (0: any free port)."""
+
+    port: int | None = None
+    zmq_endpoint: str | None = None
+    replay_port: int | None = None
+    topic_host: str = "127.0.0.1"  # the IP picker knows this server by (vLLM: $POD_IP)
+    batch_size: int = 16
+    map_format: bool = False
+    dp_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.port is None) == (self.zmq_endpoint is None):
+            raise ValueError("KV events need exactly one of a port to bind and a ZMQ endpoint to dial")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +82,8 @@ class ServerConfig:
     pod_name: str | None = None
     pod_namespace: str | None = None
     shutdown_timeout_s: float = 1.0
+    kv_events: KVEventsOptions | None = None
+    startup_s: float = 0.0  # cold start: the port opens only after this long
 
 
 class SimServer:
@@ -73,7 +99,13 @@ class SimServer:
         self.metrics = SimMetrics(
             self.engine, driver_lag_s=lambda: self.driver.max_lag_s, legacy_names=self.config.legacy_metric_names
         )
-        self.driver = EngineDriver(self.engine, on_updates=self.metrics.record, stall_s=self.injector.step_stall_s)
+        self.kv_publisher: KVEventPublisher | None = None
+        self.driver = EngineDriver(
+            self.engine,
+            on_updates=self.metrics.record,
+            stall_s=self.injector.step_stall_s,
+            on_step=self._publish_kv_events if self.config.kv_events is not None else None,
+        )
         self.crashed = False
         self.crashes = 0
         self._port = self.config.port
@@ -101,11 +133,16 @@ class SimServer:
         return f"http://{host}:{self._port}"
 
     async def start(self) -> None:
+        if self.config.startup_s:
+            # A cold start: vLLM opens its port only once the model is loaded.
+            log.warning("%s: cold start, port opens in %s s", self.name, self.config.startup_s)
+            await asyncio.sleep(self.config.startup_s)
         self._runner = web.AppRunner(
             self.app, access_log=None, handler_cancellation=True, shutdown_timeout=self.config.shutdown_timeout_s
         )
         await self._runner.setup()
         await self._listen()
+        await self._start_kv_events()
         self._driver_task = asyncio.create_task(self.driver.run(), name=f"sim-driver-{self._port}")
         self._headers = {"x-backend": self.name}
         if self.config.pod_name:
@@ -120,6 +157,30 @@ class SimServer:
         await self._site.start()
         if self._port == 0:
             self._port = self._runner.addresses[-1][1]
+
+    async def _start_kv_events(self) -> None:
+        opts = self.config.kv_events
+        if opts is None:
+            return
+        cfg = self.engine.config
+        host = opts.topic_host
+        self.kv_publisher = KVEventPublisher(
+            topic=f"kv@{f'[{host}]' if ':' in host else host}:{self._port}@{cfg.model}",
+            block_size=cfg.block_size,
+            lora_adapters=cfg.lora_adapters,
+            bind=f"tcp://{self.config.host}:{opts.port}" if opts.port is not None else None,
+            connect=opts.zmq_endpoint,
+            replay_bind=f"tcp://{self.config.host}:{opts.replay_port}" if opts.replay_port is not None else None,
+            batch_size=opts.batch_size,
+            map_format=opts.map_format,
+            dp_rank=opts.dp_rank,
+        )
+        await self.kv_publisher.start()
+        self.engine.record_kv_events = True
+
+    def _publish_kv_events(self, now: float) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.publish(self.engine.drain_kv_events(), time.time())
 
     async def stop(self) -> None:
         if self._restart_task is not None:
@@ -136,6 +197,9 @@ class SimServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver_task
             self._driver_task = None
+        if self.kv_publisher is not None:
+            await self.kv_publisher.stop()
+            self.kv_publisher = None
 
     async def __aenter__(self) -> SimServer:
         await self.start()
@@ -159,6 +223,8 @@ class SimServer:
                 if conn.transport is not None:
                     conn.transport.abort()
         self.driver.reset()
+        if self.kv_publisher is not None:
+            self.kv_publisher.restart()
         if down_s is not None:
             self._restart_task = asyncio.create_task(self._restart_after(down_s))
 
@@ -182,6 +248,7 @@ class SimServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/admin/faults", self._get_faults)
@@ -265,6 +332,7 @@ class SimServer:
             min_tokens=parsed.min_tokens,
             ignore_eos=parsed.ignore_eos,
             lora=None if parsed.model == cfg.model else parsed.model,
+            remote_prefill=parsed.remote_prefill,
         )
         try:
             handle = self.driver.submit(sim_req)
@@ -294,14 +362,22 @@ class SimServer:
         if state.finish_reason == "abort":
             return self._aborted(request)
         text = self.tokenizer.decode(state.output_ids)
+        finish_reason: str = state.finish_reason or "stop"
+        transfer = None
+        if parsed.remote_decode:  # a prefill for a decode server: tell it where the KV is
+            finish_reason = REMOTE_DECODE
+            block_size = self.engine.config.block_size
+            host, port = self.config.host, self.port
+            transfer = api.remote_transfer_params(self.name, host, port, rid, state.prompt_tokens, block_size)
         body = api.completion_body(
             parsed.kind,
             rid,
             int(time.time()),
             parsed.model,
             text,
-            state.finish_reason or "stop",
+            finish_reason,
             api.usage(state.prompt_tokens, len(state.output_ids), state.cached_tokens),
+            transfer,
         )
         return web.Response(body=body, content_type="application/json")
 
@@ -325,7 +401,9 @@ class SimServer:
             if sent == 0 and n and kind == "chat":
                 parts.append(api.chunk(kind, rid, created, model, role=True))
             for i in range(sent, n):
-                reason = state.finish_reason if state.finished and i == n - 1 else None
+                reason: str | None = state.finish_reason if state.finished and i == n - 1 else None
+                if reason is not None and parsed.remote_decode:
+                    reason = REMOTE_DECODE
                 parts.append(api.chunk(kind, rid, created, model, text=token_text(out[i]), finish_reason=reason))
             sent = n
             if state.finished:
@@ -385,11 +463,34 @@ class SimServer:
             raise api.ApiError.bad(str(exc), "tokens") from None
         return self._json({"prompt": text})
 
+    async def _reset_prefix_cache(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's ``POST /reset_prefix_cache``: refused while requests hold blocks (vLLM fails it then too)."""
+        if not self.engine.clear_cache():
+            return self._error(409, "ConflictError", "requests are running; the prefix cache was not reset")
+        self._publish_kv_events(0.0)
+        return web.Response(status=200)
+
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        resp = web.Response(body=self.metrics.render())
+        faults = self.injector.faults
+        if faults.metrics_delay_s:
+            await asyncio.sleep(faults.metrics_delay_s)
+        if faults.metrics_mode == "garbage":
+            return web.Response(body=b"\x00\xffnot prometheus {{{ \n" * 64, content_type="text/plain")
+        page = self.metrics.render()
+        if faults.metrics_mode == "huge":
+            resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write(page)
+            filler = b"# " + b"x" * 65533 + b"\n"
+            for _ in range(max(0, faults.metrics_huge_bytes - len(page)) // len(filler)):
+                await resp.write(filler)
+            await resp.write_eof()
+            return resp
+        resp = web.Response(body=page)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
@@ -431,6 +532,9 @@ class SimServer:
                 "preemptions": s.preemptions,
                 "steps": s.steps,
                 "busy_s": s.busy_s,
+                "prefill_tokens": s.prefill_tokens,
+                "pulled_tokens": s.pulled_tokens,
+                "max_step_s": s.max_step_s,
                 "driver_max_lag_s": self.driver.max_lag_s,
                 "crashes": self.crashes,
             }

@@ -1,8 +1,9 @@
 """Run one engine in virtual time: arrivals in, finished requests out, no sleeping.
 
 The event order matches the real-time driver (``driver.py``): a request arriving while a step runs waits for
-the next step; an idle engine starts a step the moment a request arrives; steps follow each other back to back
-while there is work. The policy lab drives many engines with its own event queue in the same way.
+the next step; an idle engine starts a step the moment a request arrives (or a KV transfer lands); steps
+follow each other back to back while there is work. The policy lab drives many engines with its own event
+queue in the same way.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ def run_virtual(
     now = pending[0][0] if pending else 0.0
     while True:
         end = engine.step_end_s
+        if end is None and engine.has_work:
+            end = engine.next_wakeup_s  # idle, waiting for a KV transfer to land
         next_arrival = pending[i][0] if i < len(pending) else None
         if end is not None and (next_arrival is None or end < next_arrival):
-            # The step ends before anything else happens.
+            # The step ends (or a transfer lands) before anything else happens.
             if end > until_s:
                 break
             now = end
-            engine.finish_step()
+            if engine.step_end_s is not None:
+                engine.finish_step()
         elif next_arrival is not None:
             if next_arrival > until_s:
                 break

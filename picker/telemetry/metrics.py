@@ -21,6 +21,7 @@ from picker.telemetry import REGISTRY
 from picker.telemetry.fast import FastHistogram
 
 __all__ = [
+    "ENDPOINT_EJECTIONS",
     "INFLIGHT_EXPIRED",
     "INFO",
     "INPUT_TOKENS",
@@ -161,6 +162,12 @@ SCHEDULING_ERRORS = Counter(
 INFLIGHT_EXPIRED = Counter(
     "picker_inflight_expired",
     "In-flight leases released by timeout because no response phase ever reported completion.",
+    registry=REGISTRY,
+)
+ENDPOINT_EJECTIONS = Counter(
+    "picker_endpoint_ejections",
+    "Endpoints ejected from scheduling by outlier detection (consecutive 5xx responses), by endpoint.",
+    ("endpoint",),
     registry=REGISTRY,
 )
 MODEL_REWRITE_DECISIONS = Counter(

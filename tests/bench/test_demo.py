@@ -94,6 +94,26 @@ def test_short_demo_shows_picker_ahead_of_round_robin_and_cleans_up(tmp_path: Pa
     assert (tmp_path / "demo.png").stat().st_size > 10_000
 
 
+@pytest.mark.e2e
+def test_short_demo_through_ngf_data_path(tmp_path: Path) -> None:
+    """``picker demo --gateway ngf``: nginx + njs + the NGF shim in front of the simulated servers."""
+    proc = start(["--gateway", "ngf", "--duration", "8", "--json", "demo.json", "--png", "demo.png"], tmp_path)
+    code, out = finish(proc, 90.0)
+    assert code == 0, out
+    assert_nothing_left(proc.pid)
+    doc = orjson.loads((tmp_path / "demo.json").read_bytes())
+    pool, picker = doc["phases"]
+    assert (pool["label"], picker["label"]) == ("nginx pool upstream", "ngf + picker")
+    for phase in (pool, picker):
+        s = phase["summary"]
+        assert s["ok"] == s["requests"] > 30
+        assert len(phase["shares"]) == 4
+    assert picker["summary"]["cached_share"] > pool["summary"]["cached_share"]
+    assert [p["name"] for p in doc["processes"]] == ["sims", "nginx", "sims", "picker", "ngf-shim", "nginx"]
+    assert all(p["returncode"] == 0 for p in doc["processes"])
+    assert "NGINX Gateway Fabric" in out
+
+
 def test_a_child_that_fails_makes_the_demo_exit_nonzero_and_stops_the_rest(tmp_path: Path) -> None:
     fake = tmp_path / "envoy"
     fake.write_text("#!/bin/sh\necho 'fake envoy: cannot start' >&2\nexit 3\n")

@@ -304,3 +304,29 @@ async def test_a_pool_that_emptied_during_admission_is_503() -> None:
     recorder.gate.set()
     with pytest.raises(errors.ServiceUnavailable, match="failed to find endpoint candidates"):
         await task
+
+
+async def test_an_endpoint_answering_only_5xx_is_ejected_then_readmitted() -> None:
+    director, _, inflight, clock = make()
+    for _ in range(5):
+        routed = await director.route(parsed())
+        assert routed.destination == P2
+        director.complete(routed, status=500)
+    snap = director.store.current()
+    ejected = snap.get(P2)
+    assert ejected is not None
+    assert ejected.ejected
+    assert P2 not in {e.key for e in snap.candidates()}
+    assert sample("picker_endpoint_ejections_total", {"endpoint": P2}) >= 1
+    routed = await director.route(parsed())
+    assert routed.destination != P2  # the next best
+    director.complete(routed, status=200)
+    assert inflight.open_leases == 0
+
+    clock.advance(10.0)
+    assert director.readmit_outliers() == [P2]
+    assert (await director.route(parsed())).destination == P2
+
+
+def sample(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0

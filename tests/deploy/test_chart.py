@@ -8,6 +8,7 @@ values the schema or the templates must reject, with a readable message; NOTES.t
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from picker.discovery.rbac import INFERENCE_GROUP, INFERENCE_X_GROUP, LEADER_ELECTION_RULES, REQUIRED_RULES, rules_for
+from picker.discovery.rbac import (
+    INFERENCE_GROUP,
+    INFERENCE_X_GROUP,
+    LEADER_ELECTION_RULES,
+    METRICS_AUTH_RULES,
+    REQUIRED_RULES,
+    rules_for,
+)
 
 from ._tools import CHART, NAMESPACE, RELEASE, Rendered, kubeconform, render, run, template, tool
 
@@ -27,10 +35,12 @@ ENGINES = ("vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve")
 # `picker serve` flags (picker/app.py). Anything else in the args is a chart bug — e.g. the reference chart's
 # deprecated per-metric-name flags (reference defect 14).
 PICKER_FLAGS = {
+    "tracing",
     "grpc-port",
     "grpc-health-port",
     "metrics-port",
     "secure-serving",
+    "metrics-endpoint-auth",
     "cert-path",
     "config-file",
     "config-text",
@@ -68,6 +78,7 @@ CASES: dict[str, dict[str, Any]] = {
     "defaults": BASE,
     "leader-election": merged(BASE, ie(replicas=2)),
     "monitoring": merged(BASE, ie(monitoring={"prometheus": {"enabled": True, "labels": {"release": "prom"}}})),
+    "metrics-auth": merged(BASE, ie(monitoring={"prometheus": {"auth": {"enabled": True}}})),
     "pool-off": {"inferencePool": {"create": False, "name": "shared-pool"}},
     "pool-v1alpha2": merged(BASE, V1ALPHA2),
     "rolling-update": merged(
@@ -83,6 +94,7 @@ CASES: dict[str, dict[str, Any]] = {
     "pdb": merged(BASE, ie(podDisruptionBudget={"enabled": True, "minAvailable": 0})),
     "pdb-max-unavailable": merged(BASE, ie(podDisruptionBudget={"enabled": True, "maxUnavailable": 1})),
     "tls-secret": merged(BASE, ie(certSecretName="picker-tls")),
+    "tracing": merged(BASE, ie(tracing={"enabled": True, "otelExporterEndpoint": "http://collector:4317"})),
     "plaintext": merged(BASE, ie(secureServing=False, failureMode="FailClose")),
     "multi-port-h2c": merged(
         BASE,
@@ -217,8 +229,12 @@ def test_container_args_are_picker_flags(case: str, rendered: dict[str, Rendered
     assert config_file.removeprefix("/config/") in out.one("ConfigMap")["data"]
     leader = out.one("Deployment")["spec"]["replicas"] > 1
     assert ("ha-enable-leader-election" in args) == leader
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in out.container()["env"]}
-    assert env == {"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in out.container()["env"] if "valueFrom" in e}
+    assert {k: v for k, v in env.items() if not k.startswith("OTEL_")} == {
+        "NAMESPACE": "metadata.namespace",
+        "POD_NAME": "metadata.name",
+    }
+    assert (case == "tracing") == any(k.startswith("OTEL_") for k in env)
 
 
 def test_serving_tls_flags(rendered: dict[str, Rendered]) -> None:
@@ -380,6 +396,23 @@ def test_rbac_equals_what_picker_declares(case: str, leader: bool, rendered: dic
     assert not out.all("ClusterRoleBinding")
 
 
+def test_metrics_auth_adds_exactly_the_review_rules_cluster_wide(rendered: dict[str, Rendered]) -> None:
+    out = rendered["metrics-auth"]
+    assert "--metrics-endpoint-auth" in out.container()["args"]
+    assert "--metrics-endpoint-auth" not in rendered["defaults"].container()["args"]
+    role = out.one("ClusterRole")
+    assert _rule_keys(role) == {r.key() for r in METRICS_AUTH_RULES}
+    binding = out.one("ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = out.one("ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert _rule_keys(out.one("Role")) == {r.key() for r in rules_for(leader_election=False)}
+
+
 def test_declared_rbac_is_read_only_without_leader_election() -> None:
     assert all(set(r.verbs) == {"get", "watch", "list"} for r in REQUIRED_RULES)
     assert {r.resource for r in LEADER_ELECTION_RULES} == {"leases", "events"}
@@ -394,6 +427,22 @@ def test_service_monitor_scrapes_the_metrics_port(rendered: dict[str, Rendered])
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http-metrics", "/metrics", "10s")
+
+
+def test_tracing_renders_the_flag_and_otel_environment(rendered: dict[str, Rendered]) -> None:
+    assert "tracing" not in rendered["defaults"].args()  # picker's default: off
+    out = rendered["tracing"]
+    assert out.args()["tracing"] == "true"
+    env = {e["name"]: e.get("value") for e in out.container()["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4317"
+    assert env["OTEL_SERVICE_NAME"] == "gateway-api-inference-extension/epp"
+    assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == ("parentbased_traceidratio", "0.1")
+    assert "k8s.pod.name=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    from picker import app
+
+    parser = argparse.ArgumentParser()
+    app.configure(parser)
+    assert app.settings_from_args(parser.parse_args(out.container()["args"])).server.tracing is True
 
 
 def test_pod_disruption_budget(rendered: dict[str, Rendered]) -> None:

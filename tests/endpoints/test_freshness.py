@@ -125,3 +125,14 @@ def test_bad_thresholds_raise(clock: FakeClock, kw: dict[str, float]) -> None:
             staleness_s=args["staleness_s"],
             clock=clock,
         )
+
+
+def test_a_refused_connection_excludes_at_the_first_failure() -> None:
+    from picker.endpoints.freshness import REFUSED, Change, FreshnessTracker
+
+    tracker = FreshnessTracker(fail_threshold=3, recover_threshold=2, staleness_s=2.0, clock=lambda: 0.0)
+    tracker.sync(["a", "b"])
+    assert [t.change for t in tracker.failure("a", REFUSED, "refused")] == [Change.FAILING, Change.EXCLUDED]
+    assert [t.change for t in tracker.failure("b", "timeout", "slow")] == [Change.FAILING]
+    assert tracker.is_excluded("a")
+    assert not tracker.is_excluded("b")

@@ -85,3 +85,17 @@ async def test_with_leader_election_readiness_needs_leadership_liveness_does_not
         assert (await call.read()).status == NOT_SERVING
         assert await check(stub, "liveness") == SERVING
         call.cancel()
+
+
+async def test_health_is_also_served_on_the_ext_proc_port_with_its_tls() -> None:
+    store = EndpointStore()
+    store.set_endpoints([endpoint(1)])
+    async with picker(store, secure_serving=True) as running:
+        assert running.certificate is not None
+        creds = grpc.ssl_channel_credentials(running.certificate.cert_pem)
+        async with grpc.aio.secure_channel(running.grpc_target, creds) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="envoy.service.ext_proc.v3.ExternalProcessor")
+            assert (await stub.Check(request)).status == health_pb2.HealthCheckResponse.SERVING
+            running.health.drain()
+            assert (await stub.Check(request)).status == health_pb2.HealthCheckResponse.NOT_SERVING

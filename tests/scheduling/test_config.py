@@ -209,7 +209,22 @@ def test_llm_d_api_version_with_built_types() -> None:
     assert [p.name for p in config.configured("data-source")] == ["endpoint-notification-source", "metrics-data-source"]
 
 
-@pytest.mark.parametrize(("text", "unknown"), [(LLMD_PD, "prefix-based-pd-decider"), (LLMD_PRECISE, "token-producer")])
+def test_llm_d_precise_sample_loads() -> None:
+    config = _load(LLMD_PRECISE)
+    weights = {"precise-prefix-cache-scorer": 2.0, "kv-cache-utilization-scorer": 1.0, "queue-scorer": 1.0}
+    assert _weights(config) == weights
+    scorer = config.plugins["precise-prefix-cache-scorer"]
+    assert scorer.params.token_processor_config.tokens_per_block == 64
+    (producer,) = config.configured("token-producer")
+    assert producer.params.vllm.http == "http://localhost:8000"
+
+
+# Both llm-d samples' plugin types are built now (the precise path in issue 9, P/D in issue 10): a sample naming a
+# type picker does not build still fails with the type's name and the known types.
+UNBUILT = "made-up-pd-decider"
+
+
+@pytest.mark.parametrize(("text", "unknown"), [(LLMD_PD.replace("prefix-based-pd-decider", UNBUILT), UNBUILT)])
 def test_llm_d_samples_with_unbuilt_types_name_the_type(text: str, unknown: str) -> None:
     with pytest.raises(errors.ConfigError) as info:
         _load(text)

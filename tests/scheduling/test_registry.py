@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 import picker.scheduling.plugins as plugins_pkg
 from picker.scheduling import registry
-from picker.scheduling.framework import Filter, Picker, ProfileHandler, Scorer
+from picker.scheduling.framework import Filter, Picker, ProfileHandler, RequestHeaders, Scorer
+from picker.scheduling.plugins.pd_deciders import Decider
 from picker.scheduling.spec import ConfiguredPlugin, PluginParams
 from tests.scheduling.helpers import ctx
 
@@ -43,7 +44,7 @@ def test_each_spec_builds_its_type(type_name: str) -> None:
     assert plugin.type == type_name
     assert plugin.name == "instance"
     if spec.kind == "scheduling":
-        assert isinstance(plugin, Filter | Scorer | Picker | ProfileHandler)
+        assert isinstance(plugin, Filter | Scorer | Picker | ProfileHandler | Decider | RequestHeaders)
     else:
         assert isinstance(plugin, ConfiguredPlugin)
         assert plugin.kind == spec.kind

@@ -263,7 +263,9 @@ async def test_page_without_core_series_and_refused_connection(
         async with polling(store):
             await until(lambda: get(store, junk).excluded and get(store, refused).excluded)
     assert sample("picker_scrape_errors_total", endpoint=junk.key, reason="missing") >= FAST.fail_threshold
-    assert sample("picker_scrape_errors_total", endpoint=refused.key, reason="connect") >= FAST.fail_threshold
+    # A refused connection excludes at the first failed poll (nothing listens there), not after fail_threshold.
+    assert sample("picker_scrape_errors_total", endpoint=refused.key, reason="refused") >= 1
+    assert logged(caplog, refused.key, "excluded from scheduling: failing: 1 consecutive failed polls") == 1
     assert logged(caplog, junk.key, "failing: missing: vllm metrics page lacks vllm:num_requests_waiting") == 1
 
 

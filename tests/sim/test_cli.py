@@ -41,6 +41,24 @@ def test_engine_config_from_flags() -> None:
     assert (cfg.lora_adapters, cfg.max_loras) == (("a", "b"), 2)
 
 
+def test_kv_event_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.kv_events(parse(), 0) is None
+    args = parse("--count", "3", "--kv-events-port", "5557", "--kv-events-replay-port", "6000", "--event-batch-size",
+                 "4", "--use-vllm-map-event-format", "--host", "0.0.0.0", "--hash-seed", "42")  # fmt: skip
+    opts = cli.kv_events(args, 2)
+    assert opts is not None
+    assert (opts.port, opts.replay_port, opts.batch_size, opts.map_format) == (5559, 6002, 4, True)
+    assert opts.topic_host == "127.0.0.1"
+    assert cli.engine_config(args).hash_seed == 42
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    central = cli.kv_events(parse("--zmq-endpoint", "tcp://epp:5557"), 1)
+    assert central is not None
+    assert (central.port, central.zmq_endpoint, central.topic_host) == (None, "tcp://epp:5557", "10.1.2.3")
+    for bad in (("--kv-events-port", "1", "--zmq-endpoint", "tcp://x:1"), ("--kv-events-replay-port", "1")):
+        with pytest.raises(ValueError, match=r"kv-events|zmq"):
+            cli.kv_events(parse(*bad), 0)
+
+
 def test_run_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.run(parse("--ports", "1,1")) == 2
     assert cli.run(parse("--failure-types", "nope")) == 2
@@ -72,3 +90,30 @@ async def test_serve_stops_after_duration() -> None:
         with pytest.raises(aiohttp.ClientConnectionError):
             async with http.get(f"{servers[0].url}/health"):
                 pass
+
+
+def test_kv_transfer_flags() -> None:
+    assert cli.engine_config(parse()).kv_transfer_s_per_token == preset("h100-8b").kv_transfer_s_per_token
+    by_link = cli.engine_config(parse("--kv-link-gbps", "25", "--kv-bytes-per-token", "65536"))
+    assert by_link.kv_transfer_s_per_token == pytest.approx(65536 * 8 / 25e9)
+    by_time = cli.engine_config(parse("--kv-cache-transfer-time-per-token", "0.5", "--kv-link-gbps", "25"))
+    assert by_time.kv_transfer_s_per_token == pytest.approx(0.0005)  # the reference flag wins
+
+
+def test_sidecar_flags() -> None:
+    args = parse("--ports", "9001,9002", "--sidecar-ports", "0,9102", "--prefillers", "127.0.0.1:9001")
+    [sidecar] = cli.sidecar_configs(args, cli.ports(args))
+    assert (sidecar.port, sidecar.decoder_url) == (9102, "http://127.0.0.1:9002")
+    assert sidecar.allowed_prefillers == frozenset({"127.0.0.1:9001"})
+    any_prefiller = parse("--ports", "9001", "--sidecar-ports", "9101", "--allow-any-prefiller")
+    assert cli.sidecar_configs(any_prefiller, [9001])[0].allowed_prefillers is None
+    assert cli.sidecar_configs(parse(), [8000]) == []
+    for bad in (
+        ("--ports", "9001,9002", "--sidecar-ports", "9101", "--prefillers", "a:1"),  # one per port
+        ("--ports", "9001", "--sidecar-ports", "9001", "--prefillers", "a:1"),  # a server's port
+        ("--ports", "9001", "--sidecar-ports", "9101"),  # no allowlist
+        ("--ports", "9001", "--sidecar-ports", "x", "--prefillers", "a:1"),
+    ):
+        args = parse(*bad)
+        with pytest.raises(ValueError, match=r"sidecar|prefillers"):
+            cli.sidecar_configs(args, cli.ports(args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import aiohttp
@@ -149,3 +150,45 @@ async def test_admin_crash_rejects_bad_duration() -> None:
         async with http.post(f"{srv.url}/admin/crash", json={"down_s": -1}) as resp:
             assert resp.status == 400
         assert not srv.crashed
+
+
+async def test_metrics_faults_delay_garbage_and_huge() -> None:
+    async with running(preset("fast"), faults=Faults(metrics_delay_s=0.3)) as srv, aiohttp.ClientSession() as http:
+        started = time.monotonic()
+        async with http.get(srv.url + "/metrics") as resp:
+            assert b"vllm:num_requests_waiting" in await resp.read()
+        assert time.monotonic() - started >= 0.3
+        srv.injector.faults = srv.injector.faults.updated({"metrics_delay_s": 0, "metrics_mode": "garbage"})
+        async with http.get(srv.url + "/metrics") as resp:
+            assert b"vllm:" not in await resp.read()
+        srv.injector.faults = srv.injector.faults.updated({"metrics_mode": "huge", "metrics_huge_bytes": 3_000_000})
+        async with http.get(srv.url + "/metrics") as resp:
+            assert resp.content_length is None  # chunked: only the reader's cap stops it
+            body = await resp.read()
+        assert 2_900_000 < len(body) <= 3_000_000
+        assert b"vllm:num_requests_waiting" in body
+    with pytest.raises(ValueError, match="metrics_mode"):
+        Faults(metrics_mode="bogus")
+
+
+async def test_cold_start_opens_the_port_only_after_startup_s() -> None:
+    import socket
+
+    from picker.sim.server import ServerConfig, SimServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = SimServer(preset("fast"), ServerConfig(port=port, startup_s=0.5))
+    started = time.monotonic()
+    task = asyncio.create_task(server.start())
+    await asyncio.sleep(0.2)
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
+    await task
+    assert time.monotonic() - started >= 0.5
+    try:
+        async with aiohttp.ClientSession() as http, http.get(server.url + "/health") as resp:
+            assert resp.status == 200
+    finally:
+        await server.stop()

@@ -1,0 +1,22 @@
+"""``procs.free_ports``: ports a server can bind later, which no outgoing connection takes as its source port."""
+
+from __future__ import annotations
+
+import socket
+
+from picker.bench import procs
+
+
+def test_free_ports_are_bindable_distinct_and_outside_the_ephemeral_range() -> None:
+    low, high = procs._ephemeral_range()
+    ports = procs.free_ports(5) + [procs.free_port() for _ in range(5)]
+    assert len(set(ports)) == len(ports)  # handed out once per process
+    for port in ports:
+        assert not low <= port <= high
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_consecutive_free_ports() -> None:
+    base, *rest = procs.free_ports(4, consecutive=True)
+    assert rest == [base + 1, base + 2, base + 3]
