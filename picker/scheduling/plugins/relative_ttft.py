@@ -9,6 +9,8 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   cached tokens from the response's usage; without usage, picker's own estimate at the pick);
 * requests are grouped by ``u`` into size classes (< 128, < 512, < 2048, < 8192, more tokens), and the pool's
   typical TTFT of each class is a slow moving average ``ref[class]`` over all endpoints;
+* a response that was not streamed has no TTFT (its body arrives whole at the end): its whole duration is the
+  sample instead, compared within classes of prefill size x output length (< 16, < 128, < 512, more tokens);
 * each response adds the sample ``t / ref[class]`` to its endpoint's last 16; the endpoint's slowness is their
   median (1: as fast as the pool for the same work; queueing counts, an overloaded server is slow too). The
   median, not a mean, so one response stuck behind a long prompt does not mark a server slow;
@@ -16,12 +18,14 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
 * an endpoint with no sample in the last ``memorySeconds`` has no slowness: it is tried again, not shunned.
 
 Score: with ``ref`` the median slowness of the candidates that have one (the upper median for an even count;
-with only two, the faster of them; at least two are needed, else every candidate scores 1), ``1`` for an
+in a pool of two, the faster of them; when only one candidate has samples, a full window of them, the others
+count as 1, so a server that affinity sends everything to is still compared with the norm), ``1`` for an
 endpoint within ``(1 + tolerance) * ref`` or without samples, else ``(1 + tolerance) * ref / slowness``:
 ordinary jitter changes nothing, a server twice as slow as the pool scores about 0.6.
 
 Parameters: ``tolerance`` 0.25 (≥ 0), ``memorySeconds`` 30 (> 0). Inputs: the PreRequest hook (picker's
-uncached-token estimate from a prefix plugin earlier in the cycle), the PostResponse hook (TTFT, usage), the clock.
+uncached-token estimate from a prefix plugin earlier in the cycle), the PostResponse hook (TTFT or duration,
+usage), the clock.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ TYPE = "relative-ttft-scorer"
 _POOL_ALPHA = 0.05  # the pool's reference TTFT per size class moves slowly
 _WINDOW = 16  # samples kept per endpoint
 _CLASS_BOUNDS = (128, 512, 2048, 8192)  # prefilled tokens
+_OUTPUT_BOUNDS = (16, 128, 512)  # output tokens of a non-streamed response
+_SIZE_CLASSES = len(_CLASS_BOUNDS) + 1
+_OUTPUT_CLASSES = len(_OUTPUT_BOUNDS) + 1
 _MAX_PENDING = 65_536  # picks whose response never came back are forgotten past this many
 _NO_SAMPLE = -1.0  # marks a pick whose response must not count (LoRA adapter load)
 
@@ -65,10 +72,14 @@ class Params(PluginParams):
 
 def size_class(prefilled_tokens: float) -> int:
     """The size class of a request that made the server prefill this many tokens (0 ... 4)."""
-    for i, bound in enumerate(_CLASS_BOUNDS):
-        if prefilled_tokens < bound:
+    return _bucket(prefilled_tokens, _CLASS_BOUNDS)
+
+
+def _bucket(value: float, bounds: tuple[int, ...]) -> int:
+    for i, bound in enumerate(bounds):
+        if value < bound:
             return i
-    return len(_CLASS_BOUNDS)
+    return len(bounds)
 
 
 @dataclass(slots=True)
@@ -85,7 +96,8 @@ class RelativeTtftScorer:
         self.name = name
         self.params = params
         self._ctx = ctx
-        self._reference: list[float | None] = [None] * (len(_CLASS_BOUNDS) + 1)
+        # TTFT per size class, then whole durations per (size class, output class) of non-streamed responses.
+        self._reference: list[float | None] = [None] * (_SIZE_CLASSES * (1 + _OUTPUT_CLASSES))
         self._samples: dict[str, _Samples] = {}
         self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
 
@@ -102,11 +114,20 @@ class RelativeTtftScorer:
             return ScoreVector.constant(endpoints, 1.0)
         slow = [self.slowness(e.key) for e in endpoints]
         seen = sorted(x for x in slow if x is not None)
-        if len(seen) < 2:
+        if len(endpoints) < 2 or not seen:
             return ScoreVector.constant(endpoints, 1.0)
+        if len(seen) == 1:
+            # A single candidate observed (affinity sends it everything): once its window is full, the others
+            # count as typical (1.0), so it is still compared with the pool's norm, not only with itself.
+            observed = next(self._samples[e.key] for e, x in zip(endpoints, slow, strict=True) if x is not None)
+            if len(observed.ratios) < _WINDOW:
+                return ScoreVector.constant(endpoints, 1.0)
+            values = sorted(1.0 if x is None else x for x in slow)
+        else:
+            values = seen
         # The median, the upper one for an even count: a server is slow only when most of the pool is faster.
-        # With two servers the upper median is the slower one itself, so the faster is the reference there.
-        reference = seen[len(seen) // 2] if len(seen) > 2 else seen[0]
+        # In a pool of two the upper median is the slower one itself, so the faster is the reference there.
+        reference = values[len(values) // 2] if len(endpoints) > 2 else values[0]
         limit = reference * (1.0 + self.params.tolerance)
         return ScoreVector(endpoints, [1.0 if x is None or x <= limit else limit / x for x in slow])
 
@@ -129,7 +150,7 @@ class RelativeTtftScorer:
         expected = self._expected_prefill.pop(req.request_id, None)
         if expected == _NO_SAMPLE:
             return
-        if info.ttft_s is None or info.ttft_s <= 0.0 or (info.status is not None and info.status != 200):
+        if info.status is not None and info.status != 200:
             return
         if info.prompt_tokens is not None and info.cached_tokens is not None:
             prefilled = float(info.prompt_tokens - info.cached_tokens)
@@ -137,13 +158,19 @@ class RelativeTtftScorer:
             prefilled = expected
         else:
             prefilled = float(req.prompt_tokens)
-        cls = size_class(prefilled)
+        if info.ttft_s is not None and info.ttft_s > 0.0:
+            latency, cls = info.ttft_s, size_class(prefilled)
+        elif info.duration_s is not None and info.duration_s > 0.0 and info.completion_tokens:
+            output = _bucket(info.completion_tokens, _OUTPUT_BOUNDS)
+            latency, cls = info.duration_s, _SIZE_CLASSES + size_class(prefilled) * _OUTPUT_CLASSES + output
+        else:
+            return
         ref = self._reference[cls]
-        self._reference[cls] = info.ttft_s if ref is None else ref + _POOL_ALPHA * (info.ttft_s - ref)
+        self._reference[cls] = latency if ref is None else ref + _POOL_ALPHA * (latency - ref)
         if ref is None:
             return  # the first response of a class only sets the pool's reference
         samples = self._samples.setdefault(info.endpoint_key, _Samples())
-        samples.ratios.append(info.ttft_s / ref)
+        samples.ratios.append(latency / ref)
         samples.last_at = self._ctx.clock()
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:

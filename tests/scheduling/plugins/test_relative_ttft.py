@@ -20,11 +20,28 @@ def make(**params: float) -> tuple[RelativeTtftScorer, FakeClock]:
     return RelativeTtftScorer("relative-ttft-scorer", Params(**params), c), c.clock
 
 
-def respond(scorer: RelativeTtftScorer, target: Endpoint, ttft_s: float, *, prompt: int = 300, lora: str = "") -> None:
+def respond(
+    scorer: RelativeTtftScorer,
+    target: Endpoint,
+    ttft_s: float,
+    *,
+    prompt: int = 300,
+    lora: str = "",
+    streamed: bool = True,
+    output: int = 64,
+) -> None:
     req = request(model=lora or "my-model", request_id=f"r{next(_ids)}", prompt_tokens=prompt)
     result = SchedulingResult(targets=(target,), primary_profile="default", runs=(), profile_results={})
     scorer.pre_request(req, result)
-    info = ResponseInfo(target.key, status=200, prompt_tokens=prompt, cached_tokens=0, ttft_s=ttft_s)
+    info = ResponseInfo(
+        target.key,
+        status=200,
+        prompt_tokens=prompt,
+        completion_tokens=output,
+        cached_tokens=0,
+        ttft_s=ttft_s if streamed else None,  # a non-streamed body arrives whole: no TTFT
+        duration_s=ttft_s + 0.01 * output,
+    )
     scorer.post_response(req, info)
 
 
@@ -117,10 +134,45 @@ def test_old_observations_are_forgotten_and_departed_endpoints_dropped() -> None
     assert scorer.slowness(slow.key) is None
 
 
-def test_without_two_observed_candidates_everyone_scores_one() -> None:
+def test_without_samples_everyone_scores_one() -> None:
     scorer, _ = make()
     a, b = endpoint(1), endpoint(2)
     assert set(scores(scorer, [a, b]).values()) == {1.0}
     for _ in range(5):
-        respond(scorer, a, 0.5)
+        respond(scorer, a, 0.5)  # as fast as itself: the pool's norm
     assert set(scores(scorer, [a, b]).values()) == {1.0}
+
+
+def test_a_server_that_gets_everything_is_compared_with_the_norm_when_it_slows_down() -> None:
+    # Affinity sends every request to server 1; the others have no samples. When server 1 becomes 8x slower its
+    # TTFT is far above the pool's reference (which has only known it fast), and the others count as typical.
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    for _ in range(20):
+        respond(scorer, eps[0], 0.2)
+    assert set(scores(scorer, eps).values()) == {1.0}
+    for _ in range(16):
+        respond(scorer, eps[0], 1.6)
+    s = scores(scorer, eps)
+    assert s[eps[1].key] == s[eps[2].key] == 1.0
+    assert s[eps[0].key] < 0.7
+
+
+def test_non_streamed_responses_compare_their_durations_for_the_same_output_length() -> None:
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    for _ in range(10):
+        for e, ttft in zip(eps, (0.1, 0.1, 0.8), strict=True):
+            respond(scorer, e, ttft, streamed=False, output=8)
+            respond(scorer, e, 0.1 if e is not eps[2] else 0.8, streamed=False, output=1000)
+    s = scores(scorer, eps)
+    assert s[eps[0].key] == s[eps[1].key] == 1.0
+    assert s[eps[2].key] < 0.5
+    # Long answers take longer everywhere: a server that only gets those is not slow for it.
+    scorer, _ = make()
+    for _ in range(10):
+        respond(scorer, eps[0], 0.1, streamed=False, output=8)
+        respond(scorer, eps[1], 0.1, streamed=False, output=1000)
+        respond(scorer, eps[2], 0.1, streamed=False, output=8)
+        respond(scorer, eps[2], 0.1, streamed=False, output=1000)
+    assert set(scores(scorer, eps).values()) == {1.0}
