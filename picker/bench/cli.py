@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "scrape-parse": ("picker.bench.scrape_parse", "metrics page parser vs prometheus_client"),
     "lab": ("picker.bench.lab_cli", "policy lab: routing policies against simulated engines in virtual time"),
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
+    "lab-ha": ("picker.bench.lab_ha", "lab: picker replicas independent vs with the peer exchange (docs/ha.md)"),
 }
 
 
