@@ -39,15 +39,19 @@ from picker.control.policy_resolver import PolicyResolver
 from picker.discovery import kubesettings, static
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import EndpointSnapshot
+from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.policy import PolicyStore
 from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
+from picker.peers import discovery as peer_discovery
+from picker.peers import transport
+from picker.peers.exchange import Exchange, ExchangeSettings, prefix_scorers
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
-from picker.settings import ScrapeSettings, ServerSettings, Settings
+from picker.settings import PeerSettings, ScrapeSettings, ServerSettings, Settings
 from picker.telemetry import REGISTRY, logs
 from picker.telemetry import metrics as m
 
@@ -80,6 +84,9 @@ class Running:
     certificate: tls.CertificatePair | None  # None: plaintext
     supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
     elector: LeaderElector | None = None  # with leader election
+    exchange: Exchange | None = None  # with peers (--peers, --peer-service)
+    mesh: transport.Mesh | None = None
+    peer_port: int | None = None
 
     @property
     def grpc_target(self) -> str:
@@ -187,6 +194,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--v", type=int, default=None, help="verbosity as the reference (4: debug)")
     add("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level (wins over --v)")
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
+    peer = PeerSettings()
+    add(
+        "--peers",
+        default="",
+        metavar="HOST:PORT,...",
+        help="active-active: the other picker replicas' peer addresses (docs/ha.md); port default --peer-port",
+    )
+    add(
+        "--peer-service",
+        default="",
+        metavar="NAME",
+        help="active-active: find the replicas in this Service's EndpointSlices",
+    )
+    add("--peer-port", type=int, default=peer.port, help="peer exchange port (mutual TLS with the --cert-path pair)")
+    add(
+        "--peer-flush-interval",
+        type=parse_duration,
+        default=peer.flush_interval_s,
+        metavar="DURATION",
+        help="how often placements and in-flight counts go to the peers",
+    )
+    add(
+        "--peer-state-ttl",
+        type=parse_duration,
+        default=peer.state_ttl_s,
+        metavar="DURATION",
+        help="a peer silent this long no longer counts",
+    )
     kubesettings.configure(parser)
 
 
@@ -223,11 +258,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         scrape=dataclasses.replace(
             base.scrape, interval_s=args.refresh_metrics_interval, staleness_s=args.metrics_staleness_threshold
         ),
+        peers=_peer_settings(args),
         static_endpoints=endpoints,
         config_file=args.config_file,
         config_text=args.config_text,
         log_level=level,
         log_format="text" if args.zap_encoder == "console" else "json",
+    )
+
+
+def _peer_settings(args: argparse.Namespace) -> PeerSettings:
+    try:
+        peers = peer_discovery.parse_peers(args.peers, args.peer_port) if args.peers else ()
+    except ValueError as exc:
+        raise errors.ConfigError(f"--peers: {exc}") from exc
+    if args.peer_service and args.peer_port == 0:
+        raise errors.ConfigError("--peer-service needs a fixed --peer-port: the peers are dialled at it")
+    if args.peer_flush_interval <= 0 or args.peer_state_ttl <= 0:
+        raise errors.ConfigError("--peer-flush-interval and --peer-state-ttl must be positive")
+    return PeerSettings(
+        peers=peers,
+        service=args.peer_service,
+        port=args.peer_port,
+        flush_interval_s=args.peer_flush_interval,
+        state_ttl_s=args.peer_state_ttl,
     )
 
 
@@ -355,7 +409,11 @@ async def serving(
     if resolver is None and kube is not None:
         resolver = PolicyResolver(policies)
     inflight = InflightTracker()
-    ctx = PluginContext(clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s)
+    peer_settings = settings.peers
+    peer_loads = PeerLoads(peer_settings.state_ttl_s) if peer_settings.enabled else None
+    ctx = PluginContext(
+        clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s, peers=peer_loads
+    )
     if config is None:
         if settings.config_file:
             config = load_config_file(settings.config_file, ctx)
@@ -403,6 +461,31 @@ async def serving(
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
+    exchange: Exchange | None = None
+    peer_server: grpc.aio.Server | None = None
+    peer_port: int | None = None
+    mesh: transport.Mesh | None = None
+    if peer_loads is not None:
+        exchange = Exchange(
+            scorers=prefix_scorers(config.plugins),
+            inflight=inflight,
+            peer_loads=peer_loads,
+            store=store,
+            settings=ExchangeSettings(
+                flush_interval_s=peer_settings.flush_interval_s, state_ttl_s=peer_settings.state_ttl_s
+            ),
+        )
+        peer_tls = transport.PeerTls(certificate) if certificate is not None else None
+        if peer_tls is not None and not server_settings.cert_path:
+            log.warning("peer exchange with a self-signed certificate: peers must share --cert-path to connect")
+        peer_server = grpc.aio.server(options=transport.SERVER_OPTIONS, maximum_concurrent_rpcs=transport.MAX_STREAMS)
+        transport.add_to_server(peer_server, exchange, clock)
+        peer_port = _bind(
+            peer_server,
+            _address(server_settings.host, peer_settings.port),
+            transport.server_credentials(peer_tls) if peer_tls is not None else None,
+        )
+        mesh = transport.Mesh(exchange, tls=peer_tls, clock=clock)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
@@ -410,6 +493,8 @@ async def serving(
     running: Running | None = None
     try:
         await health_server.start()
+        if peer_server is not None:
+            await peer_server.start()
         metrics_runner = await _start_metrics(server_settings.host, server_settings.metrics_port)
         await grpc_server.start()
         running = Running(
@@ -424,6 +509,9 @@ async def serving(
             health_port=health_port,
             metrics_port=server_settings.metrics_port or None,
             certificate=certificate,
+            exchange=exchange,
+            mesh=mesh,
+            peer_port=peer_port,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
@@ -433,7 +521,7 @@ async def serving(
                 (
                     "scrape",
                     lambda: poller.run(
-                        store=store, settings=settings.scrape, clock=clock, own_requests=inflight.requests
+                        store=store, settings=settings.scrape, clock=clock, own_requests=ctx.ledger_requests
                     ),
                 )
             )
@@ -446,6 +534,8 @@ async def serving(
                     lambda: kube_discovery.run(store=store, policy_store=policies, settings=kube, clock=clock),
                 )
             )
+        if mesh is not None and peer_port is not None:
+            background += _peer_tasks(mesh, settings, kube, peer_port, clock)
         if kube is not None and kube.leader_election:
             from picker.discovery import leaderelection
 
@@ -467,9 +557,53 @@ async def serving(
         health_servicer.drain()
         await grpc_server.stop(0)
         await health_server.stop(0)
+        if peer_server is not None:
+            await peer_server.stop(0)
+        if exchange is not None:
+            exchange.close()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
+
+
+def _peer_tasks(
+    mesh: transport.Mesh,
+    settings: Settings,
+    kube: kubesettings.KubeSettings | None,
+    peer_port: int,
+    clock: Callable[[], float],
+) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+    """The flush loop (with the static peers) and, with --peer-service, the EndpointSlice watch."""
+    peers = settings.peers
+    own = {
+        _address(host, peer_port)
+        for host in (settings.server.host, "127.0.0.1", "localhost", os.environ.get("POD_IP", ""))
+        if host and host not in ("0.0.0.0", "::")
+    }
+
+    async def run_mesh() -> None:
+        if peers.peers:
+            mesh.set_peers(p for p in peers.peers if p not in own)
+        await mesh.run()
+
+    tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [("peers", run_mesh)]
+    if peers.service:
+        pod_ip = os.environ.get("POD_IP", "")
+        kube_settings = kube or kubesettings.KubeSettings(pool_namespace=os.environ.get("POD_NAMESPACE", "default"))
+        tasks.append(
+            (
+                "peer-discovery",
+                lambda: peer_discovery.watch_service(
+                    kube=kube_settings,
+                    service=peers.service,
+                    port=peers.port,
+                    on_peers=mesh.set_peers,
+                    exclude=(pod_ip,) if pod_ip else (),
+                    clock=clock,
+                ),
+            )
+        )
+    return tasks
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:

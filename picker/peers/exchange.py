@@ -241,4 +241,3 @@ class Exchange:
             if scorer is None or endpoint is None or not scorer.learn_placement(endpoint, p.block_bytes, p.hashes):
                 stats.placements_ignored += 1
         return batch
-
