@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from picker.discovery.kubesettings import KubeSettings
+from picker.discovery.rbac import PEER_RULES
 from picker.peers.discovery import MAX_PEERS, parse_peers, slice_addresses, watch_service
 from tests.kube.apiserver import FakeApiServer
 
@@ -64,7 +65,8 @@ async def test_the_service_endpointslices_are_followed() -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        assert {"list", "watch"} <= api.verbs("endpointslices.discovery.k8s.io")
+        used = api.verbs("endpointslices.discovery.k8s.io")
+        assert {"list", "watch"} <= used <= set(PEER_RULES[0].verbs)  # the chart's Role grants what is used
 
 
 async def _until(check: Any, timeout_s: float = 5.0) -> None:
