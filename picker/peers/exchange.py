@@ -38,8 +38,8 @@ _SPLIT_BYTES = wire.MAX_BATCH_BYTES // 2  # placements per batch before a flush 
 
 @dataclass(frozen=True, slots=True)
 class ExchangeSettings:
-    flush_interval_s: float = 0.01  # how often batches go out
-    refresh_s: float = 2.0  # a (server, block) pair is re-announced at most this often
+    flush_interval_s: float = 0.002  # how often batches go out (picker serve --peer-flush-interval)
+    refresh_s: float = 10.0  # a (server, block) pair is re-announced at most this often
     state_ttl_s: float = 1.0  # a peer silent this long stops counting
     heartbeat_s: float = 0.25  # a batch at least this often, with the loads in full
     max_pending: int = 4096  # placements waiting for a flush; beyond, the oldest are dropped
