@@ -45,6 +45,7 @@ from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
 from picker.peers import discovery as peer_discovery
+from picker.peers import metrics as peer_metrics
 from picker.peers import transport
 from picker.peers.exchange import Exchange, ExchangeSettings, prefix_scorers
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
@@ -465,6 +466,7 @@ async def serving(
     peer_server: grpc.aio.Server | None = None
     peer_port: int | None = None
     mesh: transport.Mesh | None = None
+    peer_collector: peer_metrics.PeerCollector | None = None
     if peer_loads is not None:
         exchange = Exchange(
             scorers=prefix_scorers(config.plugins),
@@ -486,6 +488,7 @@ async def serving(
             transport.server_credentials(peer_tls) if peer_tls is not None else None,
         )
         mesh = transport.Mesh(exchange, tls=peer_tls, clock=clock)
+        peer_collector = peer_metrics.register(exchange, mesh, peer_loads, clock)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
@@ -561,6 +564,8 @@ async def serving(
             await peer_server.stop(0)
         if exchange is not None:
             exchange.close()
+        if peer_collector is not None:
+            REGISTRY.unregister(peer_collector)
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)

@@ -68,6 +68,17 @@ async def one(session: aiohttp.ClientSession, url: str, i: int, out: list[Sent])
         out.append(Sent(at, group, 0, ""))
 
 
+async def wait_meshed(session: aiohttp.ClientSession, replicas: Sequence[Peer], links: int) -> None:
+    want = f'picker_peer_links{{state="connected"}} {float(links)}'
+    async with asyncio.timeout(20):
+        for r in replicas:
+            while True:
+                async with session.get(r.metrics_url) as resp:
+                    if want in await resp.text():
+                        break
+                await asyncio.sleep(0.05)
+
+
 def affinity(sent: Sequence[Sent]) -> float:
     """Per group, the share of its requests on its most used backend; averaged over requests."""
     by_group: dict[int, Counter[str]] = {}
@@ -99,6 +110,8 @@ async def test_killing_one_of_three_active_active_pickers_fails_no_request(excha
             run_envoy(config, admin),
         ):
             await wait_healthy(session, admin, {r.grpc_port for r in replicas})
+            if exchange:  # every replica streams to both others before the load starts
+                await wait_meshed(session, replicas, links=2)
             url = f"http://127.0.0.1:{listen[True]}/v1/completions"
             sent: list[Sent] = []
             killed_at = 0.0

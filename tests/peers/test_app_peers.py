@@ -13,11 +13,13 @@ from pathlib import Path
 import grpc
 import orjson
 import pytest
+from prometheus_client import generate_latest
 
 from picker import app, errors
 from picker.extproc import tls
 from picker.peers.exchange import prefix_scorers
 from picker.settings import PeerSettings, ServerSettings, Settings
+from picker.telemetry import REGISTRY
 from tests.conftest import endpoint
 from tests.extproc.conftest import make_store
 from tests.extproc.gateway import EnvoyFullDuplex, gateway
@@ -68,14 +70,24 @@ async def test_two_replicas_share_placements_and_in_flight(tmp_path: Path) -> No
         await until(lambda: scorer_b.index.size > 0)
         holders = set(scorer_b.index.match(_hashes(scorer_b, SYSTEM + "Bonjour?")))
         assert holders == {out.destination}
-        lease = a.inflight.acquire("192.168.1.3:8000", 500, 0.0)
-        ep3 = b.store.current().get("192.168.1.3:8000")
-        assert ep3 is not None
-        ctx_b = b.scheduler._ctx
-        await until(lambda: ctx_b.ledger_requests("192.168.1.3:8000") == 1)
-        assert ctx_b.ledger_tokens([ep3]) == [500]
+        # an endpoint the request above did not go to (its own lease may still be held)
+        key = next(k for k in ("192.168.1.1:8000", "192.168.1.2:8000") if k != out.destination)
+        lease = a.inflight.acquire(key, 500, 0.0)
+        other = b.store.current().get(key)
+        assert other is not None
+        ctx_b = b.scheduler._ctx  # the replica's plugin context, as its plugins see it
+        await until(lambda: ctx_b.ledger_requests(key) == 1)
+        assert ctx_b.ledger_tokens([other]) == [500]
+        assert b.inflight.requests(key) == 0  # b's own ledger: the count is a's, seen through the exchange
         a.inflight.release(lease)
-        await until(lambda: ctx_b.ledger_requests("192.168.1.3:8000") == 0)
+        await until(lambda: ctx_b.ledger_requests(key) == 0)
+        text = generate_latest(REGISTRY).decode()
+        assert 'picker_peer_links{state="connected"} 1.0' in text
+        assert "picker_peer_states 1.0" in text
+        sent = [line for line in text.splitlines() if line.startswith('picker_peer_batches_total{direction="sent"}')]
+        assert len(sent) == 2  # one collector per replica in this process, both counting
+        assert all(float(line.rpartition(" ")[2]) > 0 for line in sent)
+    assert "picker_peer_links" not in generate_latest(REGISTRY).decode()  # unregistered at exit
 
 
 def _hashes(scorer: object, prompt: str) -> tuple[int, ...]:
