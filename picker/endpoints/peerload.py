@@ -7,7 +7,7 @@ that has not reported for ``ttl_s`` (dead, restarted under a new id, partitioned
 estimate then falls back to what the servers' scrapes say beyond this replica's own ledger.
 
 Reads (``requests``, ``tokens_of``) are on the scheduling hot path: the sums over peers are kept per endpoint and
-rebuilt only when a report arrives or a peer expires.
+adjusted by the rows a report changes (or a silent peer's rows when it expires), never recomputed.
 """
 
 from __future__ import annotations
@@ -42,23 +42,32 @@ class PeerLoads:
 
     def update(self, peer: int, now: float, rows: Mapping[str, PeerRow], *, full: bool) -> None:
         """A report from ``peer`` (its incarnation id) at ``now``."""
+        self._expire(now)
         entry = self._peers.get(peer)
         if entry is None:
             entry = self._peers[peer] = _Peer(now)
         entry.seen_at = max(entry.seen_at, now)
         if full:
+            for key, row in entry.rows.items():
+                self._add(key, row, -1)
             entry.rows = {k: v for k, v in rows.items() if v != (0, 0)}
+            for key, row in entry.rows.items():
+                self._add(key, row, 1)
         else:
             for key, row in rows.items():
-                if row == (0, 0):
-                    entry.rows.pop(key, None)
-                else:
+                old = entry.rows.pop(key, None)
+                if old is not None:
+                    self._add(key, old, -1)
+                if row != (0, 0):
                     entry.rows[key] = row
-        self._rebuild(now)
+                    self._add(key, row, 1)
+        self._next_expiry = min(self._next_expiry, entry.seen_at + self.ttl_s)
 
     def forget(self, peer: int) -> None:
-        if self._peers.pop(peer, None) is not None:
-            self._rebuild(None)
+        entry = self._peers.pop(peer, None)
+        if entry is not None:
+            for key, row in entry.rows.items():
+                self._add(key, row, -1)
 
     def peers(self, now: float) -> list[int]:
         """The peers whose reports still count."""
@@ -79,19 +88,17 @@ class PeerLoads:
         return [get(e.key, 0) for e in endpoints]
 
     def _expire(self, now: float) -> None:
-        if now >= self._next_expiry:
-            self._rebuild(now)
-
-    def _rebuild(self, now: float | None) -> None:
-        if now is not None:
-            dead = [p for p, e in self._peers.items() if now - e.seen_at >= self.ttl_s]
-            for p in dead:
-                del self._peers[p]
-        requests: dict[str, int] = {}
-        tokens: dict[str, int] = {}
-        for entry in self._peers.values():
-            for key, (n, t) in entry.rows.items():
-                requests[key] = requests.get(key, 0) + n
-                tokens[key] = tokens.get(key, 0) + t
-        self._requests, self._tokens = requests, tokens
+        if now < self._next_expiry:
+            return
+        for peer in [p for p, e in self._peers.items() if now - e.seen_at >= self.ttl_s]:
+            self.forget(peer)
         self._next_expiry = min((e.seen_at + self.ttl_s for e in self._peers.values()), default=float("inf"))
+
+    def _add(self, key: str, row: PeerRow, sign: int) -> None:
+        n = self._requests.get(key, 0) + sign * row[0]
+        t = self._tokens.get(key, 0) + sign * row[1]
+        if n or t:
+            self._requests[key], self._tokens[key] = n, t
+        else:
+            self._requests.pop(key, None)
+            self._tokens.pop(key, None)

@@ -45,3 +45,28 @@ def test_forget_and_bad_ttl() -> None:
     assert loads.requests("a", 1.0) == 0
     with pytest.raises(ValueError, match="ttl_s"):
         PeerLoads(ttl_s=0)
+
+
+def test_sums_match_a_recount_after_random_reports() -> None:
+    import random
+
+    rng = random.Random(1)
+    loads = PeerLoads(ttl_s=0.5)
+    now = 0.0
+    truth: dict[int, tuple[float, dict[str, tuple[int, int]]]] = {}
+    for _ in range(3000):
+        now += rng.random() * 0.05
+        peer = rng.randrange(5)
+        rows = {f"k{rng.randrange(6)}": (rng.randrange(3), rng.randrange(3) * 100) for _ in range(rng.randrange(4))}
+        full = rng.random() < 0.2
+        loads.update(peer, now, rows, full=full)
+        seen, old = truth.get(peer, (now, {}))
+        if now - seen >= 0.5:
+            old = {}
+        merged = {} if full else dict(old)
+        merged.update(rows)
+        truth[peer] = (now, {k: v for k, v in merged.items() if v != (0, 0)})
+        for key in (f"k{i}" for i in range(6)):
+            live = [r for at, rs in truth.values() if now - at < 0.5 for k, r in rs.items() if k == key]
+            assert loads.requests(key, now) == sum(r[0] for r in live)
+            assert loads.tokens(key, now) == sum(r[1] for r in live)
