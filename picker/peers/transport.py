@@ -130,6 +130,7 @@ class Mesh:
         self._queue_batches = queue_batches
         self._rng = rng or random.Random()
         self._links: dict[str, _Link] = {}
+        self._running = False
         self.dropped_batches = 0
 
     @property
@@ -137,33 +138,46 @@ class Mesh:
         return [a for a, link in self._links.items() if link.connected]
 
     def set_peers(self, addresses: Iterable[str]) -> None:
-        """The peers' ``host:port`` addresses (the static list, or the picker Service's current endpoints)."""
+        """The peers' ``host:port`` addresses (the static list, or the picker Service's current endpoints). Links
+        run while ``run`` does; peers set before it starts (or while it restarts) are linked when it does."""
         want = list(dict.fromkeys(addresses))
         for address in [a for a in self._links if a not in want]:
             link = self._links.pop(address)
             if link.task is not None:
                 link.task.cancel()
         for address in want:
-            if address not in self._links:
-                link = self._links[address] = _Link(address, self._queue_batches)
-                link.task = asyncio.create_task(self._run_link(link), name=f"picker-peer-{address}")
+            self._links.setdefault(address, _Link(address, self._queue_batches))
         self._exchange.set_peers(want)
+        if self._running:
+            self._start_links()
         log.info("peers: %s", ", ".join(want) or "none")
 
+    def _start_links(self) -> None:
+        for link in self._links.values():
+            if link.task is None or link.task.done():
+                link.connected = False
+                link.task = asyncio.create_task(self._run_link(link), name=f"picker-peer-{link.address}")
+
     async def run(self) -> None:
-        """Flush every interval until cancelled; then close every link."""
+        """Link every peer and flush every interval, until cancelled; then close every link (a later ``run``
+        opens them again)."""
         interval = self._exchange.settings.flush_interval_s
+        self._running = True
+        self._start_links()
         try:
             while True:
                 await asyncio.sleep(interval)
                 self.flush()
         finally:
-            for link in self._links.values():
-                if link.task is not None:
-                    link.task.cancel()
+            self._running = False
             tasks = [t for link in self._links.values() if (t := link.task) is not None]
+            for task in tasks:
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
+            for link in self._links.values():
+                link.task = None
+                link.connected = False
 
     def flush(self) -> None:
         for address, batches in self._exchange.flush(self._clock()).items():

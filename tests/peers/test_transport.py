@@ -126,3 +126,16 @@ async def test_a_message_over_the_limit_is_refused_by_grpc(clock: FakeClock) -> 
         assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         await push(one(b"not a batch"))  # a bad batch is dropped, the stream is fine
         assert a.replica.exchange.stats.batches_rejected == 1
+
+
+async def test_a_mesh_restarted_by_its_guard_links_again(clock: FakeClock) -> None:
+    async with node(clock, 1) as a, node(clock, 2) as b:
+        mesh = Mesh(a.replica.exchange, tls=PeerTls(PAIR), clock=a.replica.ctx.clock)
+        mesh.set_peers([b.address])  # before run: linked when it starts
+        for _ in range(2):  # run, cancelled (a crash the app's guard restarts), run again
+            task = asyncio.create_task(mesh.run())
+            await eventually(lambda: mesh.connected == [b.address])
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert mesh.connected == []
