@@ -17,11 +17,13 @@ silence), its placements to the prefix scorer of the same name, as if this repli
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+import xxhash
 
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.peerload import PeerLoads
@@ -43,7 +45,7 @@ class ExchangeSettings:
     state_ttl_s: float = 1.0  # a peer silent this long stops counting
     heartbeat_s: float = 0.25  # a batch at least this often, with the loads in full
     max_pending: int = 4096  # placements waiting for a flush; beyond, the oldest are dropped
-    sent_memory: int = 262_144  # (server, block) pairs remembered per peer
+    sent_memory: int = 65_536  # (server, block) pairs remembered per peer (~100 bytes each)
 
     def __post_init__(self) -> None:
         if min(self.flush_interval_s, self.refresh_s, self.state_ttl_s, self.heartbeat_s) <= 0:
@@ -68,7 +70,9 @@ class ExchangeStats:
 class _Link:
     """What this replica has told one peer."""
 
-    sent: OrderedDict[tuple[str, int], float] = field(default_factory=OrderedDict)
+    # (server, block) pair -> when it was last sent, oldest first; the pair as one int (the block hash xor the
+    # server's own hash: a collision only re-sends or skips one block until the refresh).
+    sent: dict[int, float] = field(default_factory=dict)
     loads: dict[str, tuple[int, int]] = field(default_factory=dict)
     seq: int = 0
     last_sent_s: float = float("-inf")
@@ -101,6 +105,7 @@ class Exchange:
         self._links: dict[str, _Link] = {}
         self._pending: list[wire.Placement] = []
         self._last_seq: dict[int, int] = {}
+        self._salts: dict[str, int] = {}
         for scorer in self._scorers.values():
             scorer.on_learn = self._learned
 
@@ -196,19 +201,26 @@ class Exchange:
         out = []
         for p in pending:
             key = p.endpoint
+            salt = self._salts.get(key)
+            if salt is None:
+                salt = self._salts[key] = xxhash.xxh64_intdigest(key.encode())
+                if len(self._salts) > 4096:  # servers come and go: keep the table bounded
+                    self._salts.pop(next(iter(self._salts)))
             new = []
             for h in p.hashes:
-                pair = (key, h)
+                pair = h ^ salt
                 at = sent.get(pair)
                 if at is None or now - at >= refresh:
                     new.append(h)
+                    if at is not None:
+                        del sent[pair]  # re-inserted last: the dict stays oldest first
                     sent[pair] = now
-                    sent.move_to_end(pair)
             if new:
                 out.append(wire.Placement(p.plugin, key, p.block_bytes, tuple(new)))
         excess = len(sent) - self.settings.sent_memory
-        for _ in range(max(0, excess)):
-            sent.popitem(last=False)
+        if excess > 0:
+            for pair in list(itertools.islice(sent, excess)):
+                del sent[pair]
         return out
 
     # -- receiving -----------------------------------------------------------------------------------------------

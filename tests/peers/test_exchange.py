@@ -186,3 +186,16 @@ def test_pending_placements_are_bounded(clock: FakeClock) -> None:
     a.exchange.close()
     a.route(SYSTEM + "after close", 1)
     assert a.exchange.stats.placements_dropped == 2
+
+
+def test_the_memory_of_what_was_sent_is_bounded(clock: FakeClock) -> None:
+    a = replica(clock, 1, ExchangeSettings(sent_memory=50))
+    a.exchange.set_peers(["b"])
+    for i in range(5):
+        a.route(f"{i} {SYSTEM}", 1)  # different first block: every block new
+        a.exchange.flush(clock())
+    assert len(a.exchange._links["b"].sent) == 50
+    # what fell out of the memory is sent again at its next use, before the refresh window ends
+    a.route(f"0 {SYSTEM}", 1)
+    [data] = a.exchange.flush(clock())["b"]
+    assert sum(len(p.hashes) for p in wire.decode(data).placements) > 0
