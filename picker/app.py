@@ -45,9 +45,9 @@ from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
 from picker.peers import discovery as peer_discovery
-from picker.peers import metrics as peer_metrics
 from picker.peers import transport
-from picker.peers.exchange import Exchange, ExchangeSettings, prefix_scorers
+from picker.peers.exchange import Exchange
+from picker.peers.node import PeerNode
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
@@ -412,9 +412,7 @@ async def serving(
     inflight = InflightTracker()
     peer_settings = settings.peers
     peer_loads = PeerLoads(peer_settings.state_ttl_s) if peer_settings.enabled else None
-    ctx = PluginContext(
-        clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s, peers=peer_loads
-    )
+    ctx = PluginContext(clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s, peers=peer_loads)
     if config is None:
         if settings.config_file:
             config = load_config_file(settings.config_file, ctx)
@@ -462,33 +460,19 @@ async def serving(
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
-    exchange: Exchange | None = None
-    peer_server: grpc.aio.Server | None = None
-    peer_port: int | None = None
-    mesh: transport.Mesh | None = None
-    peer_collector: peer_metrics.PeerCollector | None = None
+    peer_node: PeerNode | None = None
     if peer_loads is not None:
-        exchange = Exchange(
-            scorers=prefix_scorers(config.plugins),
+        peer_node = PeerNode.create(
+            peer_settings,
+            host=server_settings.host,
+            plugins=config.plugins,
             inflight=inflight,
             peer_loads=peer_loads,
             store=store,
-            settings=ExchangeSettings(
-                flush_interval_s=peer_settings.flush_interval_s, state_ttl_s=peer_settings.state_ttl_s
-            ),
+            certificate=certificate,
+            shared_certificate=bool(server_settings.cert_path),
+            clock=clock,
         )
-        peer_tls = transport.PeerTls(certificate) if certificate is not None else None
-        if peer_tls is not None and not server_settings.cert_path:
-            log.warning("peer exchange with a self-signed certificate: peers must share --cert-path to connect")
-        peer_server = grpc.aio.server(options=transport.SERVER_OPTIONS, maximum_concurrent_rpcs=transport.MAX_STREAMS)
-        transport.add_to_server(peer_server, exchange, clock)
-        peer_port = _bind(
-            peer_server,
-            _address(server_settings.host, peer_settings.port),
-            transport.server_credentials(peer_tls) if peer_tls is not None else None,
-        )
-        mesh = transport.Mesh(exchange, tls=peer_tls, clock=clock)
-        peer_collector = peer_metrics.register(exchange, mesh, peer_loads, clock)
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
     m.INFO.labels(os.environ.get("PICKER_COMMIT", ""), __version__).set(1)
@@ -496,8 +480,8 @@ async def serving(
     running: Running | None = None
     try:
         await health_server.start()
-        if peer_server is not None:
-            await peer_server.start()
+        if peer_node is not None:
+            await peer_node.start()
         metrics_runner = await _start_metrics(server_settings.host, server_settings.metrics_port)
         await grpc_server.start()
         running = Running(
@@ -512,9 +496,9 @@ async def serving(
             health_port=health_port,
             metrics_port=server_settings.metrics_port or None,
             certificate=certificate,
-            exchange=exchange,
-            mesh=mesh,
-            peer_port=peer_port,
+            exchange=peer_node.exchange if peer_node else None,
+            mesh=peer_node.mesh if peer_node else None,
+            peer_port=peer_node.port if peer_node else None,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
@@ -537,8 +521,8 @@ async def serving(
                     lambda: kube_discovery.run(store=store, policy_store=policies, settings=kube, clock=clock),
                 )
             )
-        if mesh is not None and peer_port is not None:
-            background += _peer_tasks(mesh, settings, kube, peer_port, clock)
+        if peer_node is not None:
+            background += peer_node.tasks(host=server_settings.host, kube=kube, clock=clock)
         if kube is not None and kube.leader_election:
             from picker.discovery import leaderelection
 
@@ -560,55 +544,11 @@ async def serving(
         health_servicer.drain()
         await grpc_server.stop(0)
         await health_server.stop(0)
-        if peer_server is not None:
-            await peer_server.stop(0)
-        if exchange is not None:
-            exchange.close()
-        if peer_collector is not None:
-            REGISTRY.unregister(peer_collector)
+        if peer_node is not None:
+            await peer_node.stop()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)
-
-
-def _peer_tasks(
-    mesh: transport.Mesh,
-    settings: Settings,
-    kube: kubesettings.KubeSettings | None,
-    peer_port: int,
-    clock: Callable[[], float],
-) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-    """The flush loop (with the static peers) and, with --peer-service, the EndpointSlice watch."""
-    peers = settings.peers
-    own = {
-        _address(host, peer_port)
-        for host in (settings.server.host, "127.0.0.1", "localhost", os.environ.get("POD_IP", ""))
-        if host and host not in ("0.0.0.0", "::")
-    }
-
-    async def run_mesh() -> None:
-        if peers.peers:
-            mesh.set_peers(p for p in peers.peers if p not in own)
-        await mesh.run()
-
-    tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [("peers", run_mesh)]
-    if peers.service:
-        pod_ip = os.environ.get("POD_IP", "")
-        kube_settings = kube or kubesettings.KubeSettings(pool_namespace=os.environ.get("POD_NAMESPACE", "default"))
-        tasks.append(
-            (
-                "peer-discovery",
-                lambda: peer_discovery.watch_service(
-                    kube=kube_settings,
-                    service=peers.service,
-                    port=peers.port,
-                    on_peers=mesh.set_peers,
-                    exclude=(pod_ip,) if pod_ip else (),
-                    clock=clock,
-                ),
-            )
-        )
-    return tasks
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:

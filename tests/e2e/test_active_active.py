@@ -98,9 +98,10 @@ async def test_killing_one_of_three_active_active_pickers_fails_no_request(excha
 
     listen = {True: free_port()}
     admin = free_port()
-    async with backends(3, delay_s=0.3) as servers, aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0)
-    ) as session:
+    async with (
+        backends(3, delay_s=0.3) as servers,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+    ):
         # FailOpen listener only: listen_ports[False] is the FailClose one the helper always renders; not used.
         config = envoy_yaml({False: free_port(), **listen}, admin, replicas, servers)
         async with (

@@ -11,6 +11,7 @@ MODULES = [
     "picker.peers.discovery",
     "picker.peers.exchange",
     "picker.peers.metrics",
+    "picker.peers.node",
     "picker.peers.transport",
     "picker.peers.wire",
     "picker.endpoints.peerload",
