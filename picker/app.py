@@ -40,18 +40,23 @@ from picker.control.policy_resolver import PolicyResolver
 from picker.discovery import kubesettings, static
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import EndpointSnapshot
+from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.policy import PolicyStore
 from picker.endpoints.store import EndpointStore
 from picker.extproc import health, servicer, tls
 from picker.extproc.stream import StreamEnv
 from picker.kvcache.ingest import Ingestor
 from picker.kvevents import KVEventSubscriber, ServerTokenSource, SubscriberSettings
+from picker.peers import discovery as peer_discovery
+from picker.peers import transport
+from picker.peers.exchange import Exchange
+from picker.peers.node import PeerNode
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
-from picker.settings import ScrapeSettings, ServerSettings, Settings
+from picker.settings import PeerSettings, ScrapeSettings, ServerSettings, Settings
 from picker.telemetry import REGISTRY, kvmetrics, logs, metricsauth, pprof, runtime, tracing
 from picker.telemetry import metrics as m
 
@@ -88,6 +93,9 @@ class Running:
     supervisor: asyncio.Task[None] | None = None  # runs the background TaskGroup
     elector: LeaderElector | None = None  # with leader election
     kv_events: KVEventSubscriber | None = None  # with a precise-prefix-cache-scorer
+    exchange: Exchange | None = None  # with peers (--peers, --peer-service)
+    mesh: transport.Mesh | None = None
+    peer_port: int | None = None
 
     @property
     def grpc_target(self) -> str:
@@ -223,6 +231,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--v", type=int, default=None, help="verbosity as the reference (4: debug)")
     add("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level (wins over --v)")
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
+    peer = PeerSettings()
+    add(
+        "--peers",
+        default="",
+        metavar="HOST:PORT,...",
+        help="active-active: the other picker replicas' peer addresses (docs/ha.md); port default --peer-port",
+    )
+    add(
+        "--peer-service",
+        default="",
+        metavar="NAME",
+        help="active-active: find the replicas in this Service's EndpointSlices",
+    )
+    add("--peer-port", type=int, default=peer.port, help="peer exchange port (mutual TLS with the --cert-path pair)")
+    add(
+        "--peer-flush-interval",
+        type=parse_duration,
+        default=peer.flush_interval_s,
+        metavar="DURATION",
+        help="how often placements and in-flight counts go to the peers",
+    )
+    add(
+        "--peer-state-ttl",
+        type=parse_duration,
+        default=peer.state_ttl_s,
+        metavar="DURATION",
+        help="a peer silent this long no longer counts",
+    )
     kubesettings.configure(parser)
     compat.configure(parser, parse_duration)
 
@@ -272,11 +308,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         scrape=dataclasses.replace(
             base.scrape, interval_s=args.refresh_metrics_interval, staleness_s=args.metrics_staleness_threshold
         ),
+        peers=_peer_settings(args),
         static_endpoints=endpoints,
         config_file=args.config_file,
         config_text=args.config_text,
         log_level=level,
         log_format="text" if args.zap_encoder == "console" else "json",
+    )
+
+
+def _peer_settings(args: argparse.Namespace) -> PeerSettings:
+    try:
+        peers = peer_discovery.parse_peers(args.peers, args.peer_port) if args.peers else ()
+    except ValueError as exc:
+        raise errors.ConfigError(f"--peers: {exc}") from exc
+    if args.peer_service and args.peer_port == 0:
+        raise errors.ConfigError("--peer-service needs a fixed --peer-port: the peers are dialled at it")
+    if args.peer_flush_interval <= 0 or args.peer_state_ttl <= 0:
+        raise errors.ConfigError("--peer-flush-interval and --peer-state-ttl must be positive")
+    return PeerSettings(
+        peers=peers,
+        service=args.peer_service,
+        port=args.peer_port,
+        flush_interval_s=args.peer_flush_interval,
+        state_ttl_s=args.peer_state_ttl,
     )
 
 
@@ -418,7 +473,9 @@ async def serving(
     if resolver is None and kube is not None:
         resolver = PolicyResolver(policies)
     inflight = InflightTracker()
-    ctx = PluginContext(clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s)
+    peer_settings = settings.peers
+    peer_loads = PeerLoads(peer_settings.state_ttl_s) if peer_settings.enabled else None
+    ctx = PluginContext(clock=clock, inflight=inflight, metrics_max_age_s=settings.scrape.staleness_s, peers=peer_loads)
     if config is None:
         if settings.config_file:
             config = load_config_file(settings.config_file, ctx)
@@ -467,6 +524,19 @@ async def serving(
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
+    peer_node: PeerNode | None = None
+    if peer_loads is not None:
+        peer_node = PeerNode.create(
+            peer_settings,
+            host=server_settings.host,
+            plugins=config.plugins,
+            inflight=inflight,
+            peer_loads=peer_loads,
+            store=store,
+            certificate=certificate,
+            shared_certificate=bool(server_settings.cert_path),
+            clock=clock,
+        )
 
     collector = m.register_pool_collector(lambda: pool_name, lambda: _pod_stats(store.current()))
     kv_collector = kvmetrics.register_kv_collector(precise.sample) if precise is not None else None
@@ -478,6 +548,8 @@ async def serving(
     running: Running | None = None
     try:
         await health_server.start()
+        if peer_node is not None:
+            await peer_node.start()
         metrics_runner = await _start_metrics(
             server_settings.host,
             server_settings.metrics_port,
@@ -499,6 +571,9 @@ async def serving(
             certificate=certificate,
             kv_events=precise.subscriber if precise is not None else None,
             cert_files=cert_files,
+            exchange=peer_node.exchange if peer_node else None,
+            mesh=peer_node.mesh if peer_node else None,
+            peer_port=peer_node.port if peer_node else None,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
@@ -511,7 +586,7 @@ async def serving(
                 (
                     "scrape",
                     lambda: poller.run(
-                        store=store, settings=settings.scrape, clock=clock, own_requests=inflight.requests
+                        store=store, settings=settings.scrape, clock=clock, own_requests=ctx.ledger_requests
                     ),
                 )
             )
@@ -524,6 +599,8 @@ async def serving(
                     lambda: kube_discovery.run(store=store, policy_store=policies, settings=kube, clock=clock),
                 )
             )
+        if peer_node is not None:
+            background += peer_node.tasks(host=server_settings.host, kube=kube, clock=clock)
         if kube is not None and kube.leader_election:
             from picker.discovery import leaderelection
 
@@ -545,6 +622,8 @@ async def serving(
         health_servicer.drain()
         await grpc_server.stop(0)
         await health_server.stop(0)
+        if peer_node is not None:
+            await peer_node.stop()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         REGISTRY.unregister(collector)

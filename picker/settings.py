@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ScrapeSettings", "ServerSettings", "Settings", "StaticEndpoint"]
+__all__ = ["PeerSettings", "ScrapeSettings", "ServerSettings", "Settings", "StaticEndpoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +61,25 @@ class ScrapeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerSettings:
+    """The exchange between active-active replicas (docs/ha.md); off unless peers are given."""
+
+    peers: tuple[str, ...] = ()  # --peers: host:port of the other replicas
+    service: str = ""  # --peer-service: picker's Service, whose EndpointSlices name the replicas
+    port: int = 9005  # --peer-port (0: any free port; not with --peer-service)
+    flush_interval_s: float = 0.002  # --peer-flush-interval
+    state_ttl_s: float = 1.0  # --peer-state-ttl: a peer silent this long stops counting
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.peers or self.service)
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
+    peers: PeerSettings = field(default_factory=PeerSettings)
     static_endpoints: tuple[StaticEndpoint, ...] = ()
     config_file: str | None = None
     config_text: str | None = None

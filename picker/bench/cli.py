@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "lab-eval": ("picker.bench.lab_eval", "lab report: picker's default vs the baselines over the standard workloads"),
     "bypass": ("picker.bench.bypass", "live: picker follows load that bypasses the gateway (real Envoy, simulators)"),
     "lab-pd": ("picker.bench.lab_pd_cli", "policy lab: prefill/decode disaggregated fleets vs aggregated ones"),
+    "lab-ha": ("picker.bench.lab_ha", "lab: picker replicas independent vs with the peer exchange (docs/ha.md)"),
 }
 
 

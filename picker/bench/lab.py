@@ -61,10 +61,13 @@ from picker.bench.workloads import Api, WorkItem, Workload
 from picker.control.director import expected_tokens
 from picker.endpoints.inflight import InflightTracker, Lease
 from picker.endpoints.model import Endpoint, EndpointMetrics
+from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.store import EndpointStore
+from picker.peers.exchange import Exchange, ExchangeSettings, prefix_scorers
 from picker.request.model import InferenceRequest
 from picker.request.parse import parse_request
 from picker.scheduling.framework import PluginContext, ResponseInfo
+from picker.scheduling.scheduler import Scheduler
 from picker.sim import api as sim_api
 from picker.sim.config import EngineConfig
 from picker.sim.engine import Engine, EngineStats, RequestRejected, RequestState, SimRequest
@@ -85,8 +88,8 @@ __all__ = [
 EPOCH_S = 1000.0  # virtual time of the first arrival (clocks read > 0, as ``updated_at == 0`` means "never")
 
 # Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends, then the
-# wake-ups of idle engines whose KV transfers land, then KV events.
-_RESTART, _SCRAPE, _ARRIVAL, _STEP, _WAKE, _KV = -1, 0, 1, 2, 3, 4
+# wake-ups of idle engines whose KV transfers land, then KV events, then the peer exchange's flushes and deliveries.
+_RESTART, _SCRAPE, _ARRIVAL, _STEP, _WAKE, _KV, _FLUSH, _DELIVER = -1, 0, 1, 2, 3, 4, 5, 6
 PolicyFactory = Callable[[PluginContext], Policy]
 _REJECT_STATUS = {"queue_full": 429, "too_long": 400, "unknown_model": 404, "bad_request": 400}
 
@@ -101,10 +104,17 @@ class Scenario:
     external_target: int | None = None  # the engine all bypassing traffic goes to; None: uniform
     restart_at_s: float | None = None  # every router restarts at this time (seconds from the first arrival)
     slowdowns: tuple[float, ...] = ()  # engine i's step times are multiplied by slowdowns[i] (missing: 1.0)
+    # The peer exchange between the routers (picker.peers, docs/ha.md): off (independent replicas) by default.
+    exchange: bool = False
+    exchange_delay_s: float = 0.005  # from a router's flush to the peers applying the batch
+    exchange_loss: float = 0.0  # share of batches lost on the way
+    exchange_flush_s: float = 0.01  # how often each router flushes (ExchangeSettings.flush_interval_s)
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or not 0.0 <= self.external_share <= 1.0:
             raise ValueError("replicas >= 1 and external_share in [0, 1]")
+        if self.exchange_delay_s < 0 or self.exchange_flush_s <= 0 or not 0.0 <= self.exchange_loss <= 1.0:
+            raise ValueError("exchange_delay_s >= 0, exchange_flush_s > 0 and exchange_loss in [0, 1]")
         if any(f <= 0 for f in self.slowdowns) or (self.restart_at_s is not None and self.restart_at_s < 0):
             raise ValueError("slowdowns > 0 and restart_at_s >= 0")
 
@@ -154,6 +164,8 @@ class LabRun:
     wall_s: float  # not part of the JSON (the JSON is deterministic for a seed)
     external: LoadResult | None = None  # requests that bypassed the routers (Scenario.external_share)
     disaggregated: int = 0  # requests prefilled on another engine (P/D fleets)
+    exchange_bytes: int = 0  # bytes of peer-exchange batches sent, all routers together (Scenario.exchange)
+    exchange_batches: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "rate": self.rate, "engines": [asdict(e) for e in self.engines]}
@@ -186,16 +198,30 @@ def scraped_metrics(stats: EngineStats, now: float, own_requests: int | None = N
 class _Router:
     """One picker (or baseline router) instance: its ledger, its view of the endpoints, its policy."""
 
-    def __init__(self, lab: _Lab, index: int, policy_seed: int) -> None:
+    def __init__(self, lab: _Lab, index: int, policy_seed: int, incarnation: int = 0) -> None:
         self.index = index
         self.inflight = InflightTracker()
         self.store = EndpointStore()
-        self.ctx = PluginContext(clock=lab.clock, inflight=self.inflight, rng=random.Random(policy_seed))
+        scenario = lab.config.scenario
+        settings = ExchangeSettings(flush_interval_s=scenario.exchange_flush_s)
+        peer_loads = PeerLoads(settings.state_ttl_s) if scenario.exchange else None
+        self.ctx = PluginContext(
+            clock=lab.clock, inflight=self.inflight, rng=random.Random(policy_seed), peers=peer_loads
+        )
         spec = lab.policy_spec
         self.policy: Policy = make_policy(spec, self.ctx) if isinstance(spec, str) else spec(self.ctx)
         self.store.set_endpoints(lab.endpoints)
         self.policy.endpoints_changed(frozenset(lab.index_of))
         self.kv_ingestor = lab_kv.ingestor_for(self.policy, list(lab.index_of))
+        self.exchange: Exchange | None = None
+        if peer_loads is not None:
+            scheduler = getattr(self.policy, "scheduler", None)
+            scorers = prefix_scorers(scheduler.config.plugins) if isinstance(scheduler, Scheduler) else {}
+            self.exchange = Exchange(
+                scorers=scorers, inflight=self.inflight, peer_loads=peer_loads, store=self.store,
+                settings=settings, incarnation=incarnation,
+            )  # fmt: skip
+            self.exchange.set_peers(str(r) for r in range(scenario.replicas) if r != index)
 
 
 @dataclass(slots=True)
@@ -246,7 +272,10 @@ class _Lab:
         ]
         self.index_of = {e.key: i for i, e in enumerate(self.endpoints)}
         # Router r draws from Random(seed + r): one router draws exactly what the lab always drew.
-        self.routers = [_Router(self, r, cfg.seed + r) for r in range(scenario.replicas)]
+        self.routers = [_Router(self, r, cfg.seed + r, r + 1) for r in range(scenario.replicas)]
+        self.deliveries: dict[int, tuple[int, bytes]] = {}  # delivery id -> (router index, batch)
+        self.exchange_rng = random.Random(f"exchange-{cfg.seed}")
+        self.exchange_bytes = self.exchange_batches = 0
         self.restarts = 0
         # The pool's own randomness (external traffic, the gateway's spread) has a stream of its own, so a
         # scenario does not shift the policies' draws.
@@ -296,6 +325,9 @@ class _Lab:
             self.push(EPOCH_S + cfg.scrape_interval_s * r / len(self.routers), _SCRAPE, r)
         if cfg.scenario.restart_at_s is not None:
             self.push(EPOCH_S + cfg.scenario.restart_at_s, _RESTART, 0)
+        if cfg.scenario.exchange and len(self.routers) > 1:
+            for r in range(len(self.routers)):
+                self.push(EPOCH_S + cfg.scenario.exchange_flush_s * (r + 1) / len(self.routers), _FLUSH, r)
         heap = self.heap
         while heap:
             at, kind, _, arg = heapq.heappop(heap)
@@ -313,6 +345,10 @@ class _Lab:
             elif kind == _KV:
                 assert self.kv_bus is not None
                 self.kv_bus.deliver(arg, [r.kv_ingestor for r in self.routers])
+            elif kind == _FLUSH:
+                self.flush(arg, at)
+            elif kind == _DELIVER:
+                self.deliver(arg, at)
             else:
                 self.restart(at)
 
@@ -325,10 +361,33 @@ class _Lab:
         if self.pending_arrivals or self.live:
             self.push(now + self.config.scrape_interval_s, _SCRAPE, r)
 
+    def flush(self, r: int, now: float) -> None:
+        """Router r's peer exchange sends its batches; each arrives ``exchange_delay_s`` later, unless lost."""
+        scenario = self.config.scenario
+        exchange = self.routers[r].exchange
+        if exchange is not None:
+            for peer, batches in exchange.flush(now).items():
+                for data in batches:
+                    self.exchange_bytes += len(data)
+                    self.exchange_batches += 1
+                    if scenario.exchange_loss and self.exchange_rng.random() < scenario.exchange_loss:
+                        continue
+                    delivery = next(self.seq)
+                    self.deliveries[delivery] = (int(peer), data)
+                    self.push(now + scenario.exchange_delay_s, _DELIVER, delivery)
+        if self.pending_arrivals or self.live:
+            self.push(now + scenario.exchange_flush_s, _FLUSH, r)
+
+    def deliver(self, delivery: int, now: float) -> None:
+        r, data = self.deliveries.pop(delivery)
+        exchange = self.routers[r].exchange
+        if exchange is not None:
+            exchange.receive(data, now)
+
     def scrape_into(self, router: _Router, now: float) -> None:
         router.store.update_metrics(
             {
-                ep.key: scraped_metrics(eng.stats(), now, router.inflight.requests(ep.key))
+                ep.key: scraped_metrics(eng.stats(), now, router.ctx.ledger_requests(ep.key))
                 for ep, eng in zip(self.endpoints, self.engines, strict=True)
             }
         )
@@ -339,7 +398,7 @@ class _Lab:
         self.restarts += 1
         for r in range(len(self.routers)):
             seed = self.config.seed + r + 1000 * self.restarts
-            self.routers[r] = router = _Router(self, r, seed)
+            self.routers[r] = router = _Router(self, r, seed, r + 1 + 1000 * self.restarts)
             self.scrape_into(router, now)
 
     def arrive(self, i: int, now: float) -> None:
@@ -614,7 +673,10 @@ def run_lab(
     url = f"lab://{config.engines}x{config.engine.model}"
     result = LoadResult(url, name, spec, config.engine.model, records, duration, lab.samples, 0.0)
     bypass = LoadResult(url, name, spec, config.engine.model, external, duration, [], 0.0) if external else None
-    return LabRun(lab.policy_name, rate, result, lab.summaries(), lab.events, wall, bypass, lab.disaggregated)
+    return LabRun(
+        lab.policy_name, rate, result, lab.summaries(), lab.events, wall, bypass, lab.disaggregated,
+        lab.exchange_bytes, lab.exchange_batches,
+    )  # fmt: skip
 
 
 def _mean_rate(arrivals: Sequence[tuple[float, WorkItem]]) -> float:

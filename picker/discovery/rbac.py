@@ -18,6 +18,7 @@ __all__ = [
     "INFERENCE_X_GROUP",
     "LEADER_ELECTION_RULES",
     "METRICS_AUTH_RULES",
+    "PEER_RULES",
     "REQUIRED_RULES",
     "PolicyRule",
     "pool_rule",
@@ -75,7 +76,14 @@ METRICS_AUTH_RULES: tuple[PolicyRule, ...] = (
 )
 
 
-def rules_for(*, leader_election: bool, pool_group: str = INFERENCE_GROUP) -> tuple[PolicyRule, ...]:
-    """Every rule picker needs in pool mode for a pool of ``pool_group``, with or without leader election."""
+# Added with --peer-service (active-active replicas, docs/ha.md): the EndpointSlices of picker's own Service.
+PEER_RULES: tuple[PolicyRule, ...] = (PolicyRule("discovery.k8s.io", "endpointslices", _READ),)
+
+
+def rules_for(
+    *, leader_election: bool, pool_group: str = INFERENCE_GROUP, peers: bool = False
+) -> tuple[PolicyRule, ...]:
+    """Every rule picker needs in pool mode for a pool of ``pool_group``, with or without leader election, and
+    with or without peer discovery through EndpointSlices."""
     rules = tuple(pool_rule(pool_group) if r.resource == "inferencepools" else r for r in REQUIRED_RULES)
-    return rules + (LEADER_ELECTION_RULES if leader_election else ())
+    return rules + (LEADER_ELECTION_RULES if leader_election else ()) + (PEER_RULES if peers else ())

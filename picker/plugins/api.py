@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from picker.endpoints import serverload
-from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.inflight import EndpointLoad, InflightTracker
 from picker.endpoints.model import Endpoint
+from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.serverload import ServerLoad
 from picker.request.model import InferenceRequest
 
@@ -103,6 +104,8 @@ class PluginContext:
     rng: random.Random = field(default_factory=random.Random)
     # Scraped samples older than this are not the server's present (--metrics-staleness-threshold).
     metrics_max_age_s: float = serverload.DEFAULT_MAX_AGE_S
+    # What the other picker replicas have in flight (docs/ha.md); None: no peer exchange.
+    peers: PeerLoads | None = None
 
     def load(self, endpoint: Endpoint) -> LoadView:
         """picker's in-flight requests and tokens on ``endpoint``, and the TTFT / TPOT it observed there."""
@@ -110,8 +113,29 @@ class PluginContext:
 
     def server_load(self, endpoint: Endpoint) -> ServerLoad:
         """``endpoint``'s load now: its last scraped report corrected by picker's sends and completions since,
-        so it counts traffic picker did not route (other replicas, direct clients) without a scrape's lag."""
-        return serverload.estimate(endpoint, self.inflight.load(endpoint.key), self.clock(), self.metrics_max_age_s)
+        so it counts traffic picker did not route (other replicas, direct clients) without a scrape's lag. With a
+        peer exchange, the other replicas' in-flight counts are added to picker's own (the pool's ledger)."""
+        own = self.inflight.load(endpoint.key)
+        now = self.clock()
+        peers = self.peers
+        if peers is not None:
+            key = endpoint.key
+            n, t = peers.requests(key, now), peers.tokens(key, now)
+            if n or t:
+                own = EndpointLoad(own.requests + n, own.tokens + t, own.ttft_s, own.tpot_s)
+        return serverload.estimate(endpoint, own, now, self.metrics_max_age_s)
+
+    def ledger_tokens(self, endpoints: Sequence[Endpoint]) -> list[int]:
+        """In-flight tokens on each endpoint, in order: picker's own, plus its peers' (with a peer exchange)."""
+        own = self.inflight.tokens_of(endpoints)
+        if self.peers is None:
+            return own
+        return [a + b for a, b in zip(own, self.peers.tokens_of(endpoints, self.clock()), strict=True)]
+
+    def ledger_requests(self, key: str) -> int:
+        """In-flight requests on one endpoint: picker's own plus its peers' (what the poller notes at a scrape)."""
+        n = self.inflight.requests(key)
+        return n if self.peers is None else n + self.peers.requests(key, self.clock())
 
     def metrics_age_s(self, endpoint: Endpoint) -> float:
         """Seconds since ``endpoint``'s metrics were last scraped successfully; ``math.inf`` if never."""

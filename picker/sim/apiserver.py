@@ -1,6 +1,7 @@
 """A stand-in Kubernetes API server for tests and benchmarks (aiohttp, 127.0.0.1): the list/watch protocol, faithfully.
 
-What it speaks, for pods and events (core/v1), leases (``coordination.k8s.io/v1``) and the custom resources
+What it speaks, for pods and events (core/v1), leases (``coordination.k8s.io/v1``), endpointslices
+(``discovery.k8s.io/v1``) and the custom resources
 InferencePool (v1 and v1alpha2), InferenceObjective and InferenceModelRewrite
 (``inference.networking.x-k8s.io/v1alpha2``), namespaced:
 
@@ -92,6 +93,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "pods", "Pod", crd=False),
     ResourceType("", "v1", "events", "Event", crd=False),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", crd=False),
+    ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", crd=False),
     ResourceType("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool"),
     ResourceType("inference.networking.x-k8s.io", "v1alpha2", "inferencepools", "InferencePool"),
     ResourceType("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"),

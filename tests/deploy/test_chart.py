@@ -21,6 +21,7 @@ from picker.discovery.rbac import (
     INFERENCE_X_GROUP,
     LEADER_ELECTION_RULES,
     METRICS_AUTH_RULES,
+    PEER_RULES,
     REQUIRED_RULES,
     rules_for,
 )
@@ -56,6 +57,8 @@ PICKER_FLAGS = {
     "endpoint-selector",
     "endpoint-target-ports",
     "ha-enable-leader-election",
+    "peer-service",
+    "peer-port",
 }
 
 
@@ -72,6 +75,14 @@ def merged(*layers: dict[str, Any]) -> dict[str, Any]:
 
 def ie(**values: Any) -> dict[str, Any]:
     return {"inferenceExtension": values}
+
+ACTIVE_ACTIVE = ie(
+    replicas=3,
+    activeActive=True,
+    certSecretName="picker-tls",
+    strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+    podDisruptionBudget={"enabled": True},
+)
 
 
 CASES: dict[str, dict[str, Any]] = {
@@ -95,6 +106,7 @@ CASES: dict[str, dict[str, Any]] = {
     "pdb-max-unavailable": merged(BASE, ie(podDisruptionBudget={"enabled": True, "maxUnavailable": 1})),
     "tls-secret": merged(BASE, ie(certSecretName="picker-tls")),
     "tracing": merged(BASE, ie(tracing={"enabled": True, "otelExporterEndpoint": "http://collector:4317"})),
+    "active-active": merged(BASE, ACTIVE_ACTIVE),
     "plaintext": merged(BASE, ie(secureServing=False, failureMode="FailClose")),
     "multi-port-h2c": merged(
         BASE,
@@ -227,12 +239,14 @@ def test_container_args_are_picker_flags(case: str, rendered: dict[str, Rendered
     assert config_file is not None
     assert config_file.startswith("/config/")
     assert config_file.removeprefix("/config/") in out.one("ConfigMap")["data"]
-    leader = out.one("Deployment")["spec"]["replicas"] > 1
+    leader = out.one("Deployment")["spec"]["replicas"] > 1 and case != "active-active"
     assert ("ha-enable-leader-election" in args) == leader
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in out.container()["env"] if "valueFrom" in e}
+    pod_ip = {"POD_IP": "status.podIP"} if case == "active-active" else {}
     assert {k: v for k, v in env.items() if not k.startswith("OTEL_")} == {
         "NAMESPACE": "metadata.namespace",
         "POD_NAME": "metadata.name",
+        **pod_ip,
     }
     assert (case == "tracing") == any(k.startswith("OTEL_") for k in env)
 
@@ -413,6 +427,32 @@ def test_metrics_auth_adds_exactly_the_review_rules_cluster_wide(rendered: dict[
     assert _rule_keys(out.one("Role")) == {r.key() for r in rules_for(leader_election=False)}
 
 
+def test_active_active_mode(rendered: dict[str, Rendered]) -> None:
+    out = rendered["active-active"]
+    deployment = out.one("Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    args = out.container()["args"]
+    assert "--ha-enable-leader-election" not in args
+    assert f"--peer-service={RELEASE}-epp" in args
+    assert "--peer-port=9005" in args
+    assert "--cert-path=/etc/picker/tls" in args
+    # every replica is Ready: the probes ask for the plain service, not the leader's readiness
+    container = out.container()
+    assert container["readinessProbe"]["grpc"]["service"] == "inference-extension"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["grpc-peers"] == 9005
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # the Service whose EndpointSlices name the peers is the one the chart renders, selecting these pods
+    service = out.one("Service")
+    assert service["metadata"]["name"] == f"{RELEASE}-epp"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert _rule_keys(out.one("Role")) == {r.key() for r in rules_for(leader_election=False, peers=True)}
+    assert {r.resource for r in PEER_RULES} == {"endpointslices"}
+    pdb = out.one("PodDisruptionBudget")["spec"]
+    assert pdb["minAvailable"] == 1  # one replica keeps serving through any voluntary disruption
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
 def test_declared_rbac_is_read_only_without_leader_election() -> None:
     assert all(set(r.verbs) == {"get", "watch", "list"} for r in REQUIRED_RULES)
     assert {r.resource for r in LEADER_ELECTION_RULES} == {"leases", "events"}
@@ -508,6 +548,18 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         merged(BASE, ie(replicas=2, strategy={"type": "RollingUpdate"})),
         "with 2 replicas (leader election) only the leader is Ready, so a RollingUpdate with maxUnavailable 25%",
     ),
+    "active-active-without-shared-cert": (
+        merged(BASE, ie(replicas=2, activeActive=True, strategy={"type": "RollingUpdate"})),
+        "inferenceExtension.activeActive needs inferenceExtension.certSecretName",
+    ),
+    "active-active-recreate": (
+        merged(BASE, ie(replicas=2, activeActive=True, certSecretName="picker-tls")),
+        "strategy Recreate stops every replica at once",
+    ),
+    "active-active-owned-flag": (
+        merged(BASE, ACTIVE_ACTIVE, ie(flags={"peer-port": 1})),
+        "inferenceExtension.flags.peer-port is set by the chart",
+    ),
     "rolling-update-max-unavailable-1": (
         merged(BASE, ie(replicas=3, strategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}})),
         "never finishes",
@@ -545,14 +597,16 @@ def test_notes_tell_how_to_check_the_rollout(tmp_path: Path) -> None:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
         'data:\n  text: {{ include "notes-copy" . | quote }}\n'
     )
-    for replicas in (1, 2):
-        proc = template(tmp_path, merged(BASE, ie(replicas=replicas)), chart=chart)
+    for replicas, values in ((1, BASE), (2, merged(BASE, ie(replicas=2))), (3, merged(BASE, ACTIVE_ACTIVE))):
+        proc = template(tmp_path, values, chart=chart)
         objects = [o for o in yaml.safe_load_all(proc.stdout) if o]
         text = next(o for o in objects if o["metadata"]["name"] == "notes")["data"]["text"]
         assert f"kubectl -n {NAMESPACE} rollout status deployment/{RELEASE}-epp" in text
         assert f"kubectl -n {NAMESPACE} get inferencepool {RELEASE}" in text
         assert "get pods -l app=vllm-llama3-8b" in text
-        assert ("get lease" in text) == (replicas > 1)
+        active = "activeActive" in values.get("inferenceExtension", {})
+        assert ("get lease" in text) == (replicas > 1 and not active)
+        assert ("run active-active" in text) == active
 
 
 def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
@@ -582,7 +636,8 @@ def test_every_value_is_documented() -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["defaults", "leader-election", "plaintext", "tls-secret", "flags", "pool-off-v1alpha2-leader"]
+    "case",
+    ["defaults", "leader-election", "plaintext", "tls-secret", "flags", "pool-off-v1alpha2-leader", "active-active"],
 )
 def test_rendered_args_parse_with_picker_serve(case: str, rendered: dict[str, Rendered], tmp_path: Path) -> None:
     """The container args through the real `picker serve` argument parser."""
@@ -604,13 +659,15 @@ def test_rendered_args_parse_with_picker_serve(case: str, rendered: dict[str, Re
     assert kube is not None
     assert (kube.pool_name, kube.pool_namespace) == (out.args()["pool-name"], NAMESPACE)
     assert kube.pool_group == pool_group(case)
-    assert kube.leader_election is (out.one("Deployment")["spec"]["replicas"] > 1)
+    assert kube.leader_election is (out.one("Deployment")["spec"]["replicas"] > 1 and case != "active-active")
+    peers = app.settings_from_args(args).peers
+    assert (peers.service, peers.port) == ((f"{RELEASE}-epp", 9005) if case == "active-active" else ("", 9005))
     assert kube.identity == f"{RELEASE}-epp-abc12"
     assert (args.grpc_port, args.grpc_health_port, args.metrics_port) == (9002, 9003, 9090)
     assert args.config_file == "/config/default-plugins.yaml"
     assert args.zap_encoder == "json"
     assert args.secure_serving is (case != "plaintext")
-    assert args.cert_path == ("/etc/picker/tls" if case == "tls-secret" else None)
+    assert args.cert_path == ("/etc/picker/tls" if case in ("tls-secret", "active-active") else None)
     if case == "flags":
         assert args.refresh_metrics_interval == pytest.approx(0.1)
         assert args.disable_endpoint_subset_filter is True

@@ -6,7 +6,9 @@ blocks it holds along the request's prefix walk ÷ the request's blocks (partial
 shorter than one block scores 0 everywhere.
 
 Learning (PreRequest): the request's hashes are added to the primary target and to the ``prefill`` profile's
-target, if any. Nothing is learned from real cache events (that is ``precise-prefix-cache-scorer``). Endpoints
+target, if any. With a peer exchange between picker replicas (docs/ha.md) each placement is also announced to the
+other replicas (``on_learn``), which learn it as their own (``learn_placement``).
+Nothing is learned from real cache events (that is ``precise-prefix-cache-scorer``). Endpoints
 that leave the pool are purged (``endpoints_changed``). Each cycle's match is left in the ``CycleState`` as a
 ``PrefixMatch`` (under ``match_key(name)`` and ``MATCH_STATE``) for later plugins of the cycle
 (``no-hit-lru-scorer``, ``token-load-scorer``, ``picker-load-scorer``).
@@ -39,7 +41,7 @@ picker's options (all off by default, so the reference behaviour is unchanged):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import Field, field_validator
@@ -160,6 +162,9 @@ class PrefixCacheScorer:
         self._ctx = ctx
         self._state_key = f"{self.type}/{name}"
         self._match_key = match_key(name)
+        # Set by a peer exchange (picker.peers): told (name, endpoint key, block bytes, hashes) of every placement
+        # this scorer learns from this replica's own picks.
+        self.on_learn: Callable[[str, str, int, Sequence[int]], None] | None = None
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -204,13 +209,31 @@ class PrefixCacheScorer:
         if not result.targets:
             return
         cycle = result.cycle if result.cycle is not None else CycleState()
-        hashes = self._blocks(req, result.targets, cycle).hashes
+        blocks = self._blocks(req, result.targets, cycle)
+        hashes = blocks.hashes
         if not hashes:
             return
         self._learn(result.targets[0], hashes)
+        announce = self.on_learn
+        if announce is not None:
+            announce(self.name, result.targets[0].key, blocks.block_chars, hashes)
         prefill = result.profile_results.get(PREFILL_PROFILE)
         if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
             self._learn(prefill.targets[0], hashes)
+            if announce is not None:
+                announce(self.name, prefill.targets[0].key, blocks.block_chars, hashes)
+
+    def learn_placement(self, endpoint: Endpoint, block_chars: int, hashes: Sequence[int]) -> bool:
+        """Learn that another picker replica sent these blocks to ``endpoint`` (a peer exchange, docs/ha.md), as
+        if this replica had. Refused (False) when the peer cut its blocks to another size than this scorer's."""
+        if block_chars != self.block_chars(endpoint):
+            return False
+        self._learn(endpoint, hashes)
+        return True
+
+    def block_chars(self, endpoint: Endpoint) -> int:
+        """Bytes of prompt text per block for a pool whose first candidate is ``endpoint``."""
+        return self._block_sizes(endpoint)[1]
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
         self.tokens.observe(req, info.prompt_tokens)
@@ -241,17 +264,22 @@ class PrefixCacheScorer:
         capacity = endpoint.metrics.num_gpu_blocks if self.params.auto_tune else None
         self.index.add(endpoint.key, hashes, capacity)
 
-    def _blocks(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> _Blocks:
+    def _block_sizes(self, first: Endpoint | None) -> tuple[int, int]:
+        """(tokens, bytes) per block, auto-tuned from the first candidate's metrics."""
         chars_per_token = self.params.chars_per_token
         block_tokens = self.params.block_size_tokens
-        if self.params.auto_tune and endpoints and endpoints[0].metrics.block_size:
-            block_tokens = endpoints[0].metrics.block_size
+        if self.params.auto_tune and first is not None and first.metrics.block_size:
+            block_tokens = first.metrics.block_size
             block_bytes = max(1, round(block_tokens * chars_per_token))
         elif self._legacy_block_bytes is not None:
             block_bytes = self._legacy_block_bytes
             block_tokens = max(1, int(block_bytes // chars_per_token))
         else:
             block_bytes = max(1, round(block_tokens * chars_per_token))
+        return block_tokens, block_bytes
+
+    def _blocks(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> _Blocks:
+        block_tokens, block_bytes = self._block_sizes(endpoints[0] if endpoints else None)
         cached = cycle.get(self._state_key)
         if cached is not None and cached.block_chars == block_bytes:
             blocks: _Blocks = cached

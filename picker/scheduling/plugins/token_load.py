@@ -12,6 +12,9 @@ by what picker sent and saw finish since): requests from other picker replicas, 
 bypass picker, or from before picker restarted, each weighted as an average request picker routed (waiting: prompt
 + answer; running: the answer). Without a fresh sample it is the ledger alone.
 
+With a peer exchange between picker replicas (docs/ha.md) the ledger is the pool's: picker's own in-flight tokens
+plus those its peers reported.
+
 Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (128 requests * 32K tokens);
 ``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker); picker's ``loadSource``: ``ledger``
 (default) or ``blended``.
@@ -67,7 +70,7 @@ class TokenLoadScorer:
             per_request, per_decode = ctx.inflight.request_tokens, ctx.inflight.decode_tokens
             in_flight = [ctx.server_load(e).tokens(per_request, per_decode) for e in endpoints]
         else:
-            in_flight = self._ctx.inflight.tokens_of(endpoints)
+            in_flight = self._ctx.ledger_tokens(endpoints)
         if isinstance(match, PrefixMatch):
             loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]
         else:

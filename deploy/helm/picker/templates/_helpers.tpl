@@ -48,7 +48,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Leader election (active-passive) is on exactly when there is more than one replica. */}}
 {{- define "picker.leaderElection" -}}
-{{- if gt (int .Values.inferenceExtension.replicas) 1 -}}true{{- end -}}
+{{- if and (gt (int .Values.inferenceExtension.replicas) 1) (not .Values.inferenceExtension.activeActive) -}}true{{- end -}}
 {{- end -}}
 
 {{/* gRPC health service names the probes ask for (protocol.md §11). */}}
@@ -106,7 +106,15 @@ that must keep an old pod until new ones are Ready never finishes. Only maxUnava
 {{- fail (printf "inferenceExtension.strategy: with %d replicas (leader election) only the leader is Ready, so a RollingUpdate with maxUnavailable %v never finishes; use type Recreate, or RollingUpdate with rollingUpdate.maxUnavailable: 100%% (docs/kubernetes.md, Rollouts)" (int $ie.replicas) $maxUnavailable) -}}
 {{- end -}}
 {{- end -}}
-{{- $owned := list "pool-name" "pool-namespace" "pool-group" "grpc-port" "grpc-health-port" "metrics-port" "config-file" "config-text" "secure-serving" "cert-path" "ha-enable-leader-election" "zap-encoder" "endpoints" "endpoint-selector" "endpoint-target-ports" -}}
+{{- if $ie.activeActive -}}
+{{- if and $ie.secureServing (not $ie.certSecretName) -}}
+{{- fail "inferenceExtension.activeActive needs inferenceExtension.certSecretName: the replicas authenticate each other with the key pair they share (a kubernetes.io/tls Secret); without one each replica's certificate is its own (docs/ha.md)" -}}
+{{- end -}}
+{{- if and (gt (int $ie.replicas) 1) (eq $ie.strategy.type "Recreate") -}}
+{{- fail "inferenceExtension.activeActive: strategy Recreate stops every replica at once; use type RollingUpdate (rollingUpdate: {maxSurge: 1, maxUnavailable: 0}) so replicas keep serving through a rollout" -}}
+{{- end -}}
+{{- end -}}
+{{- $owned := list "peers" "peer-service" "peer-port" "pool-name" "pool-namespace" "pool-group" "grpc-port" "grpc-health-port" "metrics-port" "config-file" "config-text" "secure-serving" "cert-path" "ha-enable-leader-election" "zap-encoder" "endpoints" "endpoint-selector" "endpoint-target-ports" -}}
 {{- range $name, $_ := $ie.flags -}}
 {{- if has $name $owned -}}
 {{- fail (printf "inferenceExtension.flags.%s is set by the chart; use its own value key instead (docs/install-helm.md)" $name) -}}

@@ -1,0 +1,63 @@
+"""The lab's peer exchange between replicas, and ``picker bench lab-ha``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from picker.bench.lab import LabConfig, LabRun, Scenario, poisson_schedule, run_lab
+from picker.bench.lab_eval import EVAL_WORKLOADS
+from picker.bench.report import summarize
+from picker.cli import main
+
+
+def run(scenario: Scenario, n: int = 500, rate: float = 160.0) -> LabRun:
+    w = EVAL_WORKLOADS["shared-prefix"]
+    arrivals = poisson_schedule(w.make(0), rate, n, 0)
+    return run_lab(LabConfig(w.engine, engines=8, seed=0, scenario=scenario), "picker", arrivals, rate=rate)
+
+
+def test_the_exchange_restores_prefix_placement_across_replicas() -> None:
+    one = summarize(run(Scenario()).result)
+    independent = summarize(run(Scenario(replicas=4)).result)
+    exchanged = run(Scenario(replicas=4, exchange=True, exchange_delay_s=0.001, exchange_flush_s=0.002))
+    shared = summarize(exchanged.result)
+    assert independent.cached_share < one.cached_share - 0.03  # the gap the exchange is for
+    assert shared.cached_share > independent.cached_share + 0.03
+    assert shared.cached_share >= one.cached_share - 0.01
+    assert exchanged.exchange_batches > 0
+    assert 0 < exchanged.exchange_bytes / 500 < 20_000  # bytes per routed request, all links together
+
+
+def test_an_exchange_that_loses_every_batch_is_independent_replicas() -> None:
+    independent = run(Scenario(replicas=2), n=300)
+    lost = run(Scenario(replicas=2, exchange=True, exchange_loss=1.0), n=300)
+    assert lost.exchange_bytes > 0
+    pairs = zip(independent.result.records, lost.result.records, strict=True)
+    assert all((a.backend, a.ttft_s) == (b.backend, b.ttft_s) for a, b in pairs)
+
+
+def test_one_replica_exchanges_nothing() -> None:
+    assert run(Scenario(exchange=True), n=100).exchange_bytes == 0
+
+
+def test_bad_exchange_settings() -> None:
+    with pytest.raises(ValueError, match="exchange"):
+        Scenario(exchange=True, exchange_loss=1.5)
+    with pytest.raises(ValueError, match="exchange"):
+        Scenario(exchange=True, exchange_flush_s=0.0)
+
+
+def test_cli_prints_the_acceptance_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ha.json"
+    argv = ["bench", "lab-ha", "--quick", "--requests", "300", "--replicas", "2", "--jobs", "1", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| shared-prefix | 160 | 2 | exchange 1 ms |" in text
+    rows = orjson.loads(out.read_bytes())
+    assert [(r["replicas"], r["mode"]) for r in rows] == [(1, "one"), (2, "independent"), (2, "exchange 1 ms")]
+    assert rows[0]["p90_vs_one"] == 1.0
+    assert rows[2]["exchange_bytes"] > 0
+    assert main(["bench", "lab-ha", "--replicas", "1"]) == 2

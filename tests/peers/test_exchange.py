@@ -1,0 +1,201 @@
+"""The exchange between two replicas, in process: placements and in-flight counts, dedup, loss, restarts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.peerload import PeerLoads
+from picker.endpoints.store import EndpointStore
+from picker.peers import wire
+from picker.peers.exchange import Exchange, ExchangeSettings, prefix_scorers
+from picker.scheduling.config import load_config
+from picker.scheduling.framework import PluginContext
+from picker.scheduling.plugins.prefix import PrefixCacheScorer
+from picker.scheduling.plugins.prefix_index import prefix_hashes
+from picker.scheduling.scheduler import Scheduler
+from tests.conftest import FakeClock, endpoint, request
+
+SYSTEM = "You are a careful assistant. " * 40  # ~1100 characters: many 64-byte blocks
+
+
+@dataclass
+class Replica:
+    ctx: PluginContext
+    store: EndpointStore
+    scheduler: Scheduler
+    exchange: Exchange
+
+    @property
+    def scorer(self) -> PrefixCacheScorer:
+        [scorer] = prefix_scorers(self.scheduler.config.plugins).values()
+        return scorer
+
+    def route(self, prompt: str, target: int) -> str:
+        """Route a request, restricted to endpoint ``target`` (so the test knows where it went)."""
+        eps = [e for e in self.store.current().candidates() if e.key == f"192.168.1.{target}:8000"]
+        req = request(prompt=prompt)
+        result = self.scheduler.schedule(req, eps)
+        self.ctx.inflight.acquire(result.targets[0].key, req.prompt_tokens, self.ctx.clock())
+        self.scheduler.pre_request(req, result)
+        return result.targets[0].key
+
+    def matched(self, prompt: str) -> dict[str, int]:
+        req = request(prompt=prompt)
+        return self.scorer.index.match(hashes(self.scorer, req.prompt_text))
+
+
+def hashes(scorer: PrefixCacheScorer, prompt: str) -> tuple[int, ...]:
+    return prefix_hashes(prompt, scorer.block_chars(endpoint(1)), 256, "my-model")
+
+
+def replica(clock: FakeClock, incarnation: int, settings: ExchangeSettings | None = None) -> Replica:
+    settings = settings or ExchangeSettings(refresh_s=2.0, heartbeat_s=0.25, state_ttl_s=1.0)
+    store = EndpointStore()
+    store.set_endpoints([endpoint(i) for i in (1, 2, 3)])
+    peers = PeerLoads(settings.state_ttl_s)
+    ctx = PluginContext(clock=clock, inflight=InflightTracker(), peers=peers)
+    scheduler = Scheduler(load_config(None, ctx), ctx)
+    exchange = Exchange(
+        scorers=prefix_scorers(scheduler.config.plugins), inflight=ctx.inflight, peer_loads=peers, store=store,
+        settings=settings, incarnation=incarnation,
+    )  # fmt: skip
+    return Replica(ctx, store, scheduler, exchange)
+
+
+def pair(clock: FakeClock) -> tuple[Replica, Replica]:
+    a, b = replica(clock, 1), replica(clock, 2)
+    a.exchange.set_peers(["b"])
+    b.exchange.set_peers(["a"])
+    return a, b
+
+
+def deliver(src: Replica, dst: Replica, name: str, now: float) -> list[wire.Batch]:
+    out = []
+    for data in src.exchange.flush(now).get(name, []):
+        batch = dst.exchange.receive(data, now)
+        assert batch is not None
+        out.append(batch)
+    return out
+
+
+def test_a_placement_reaches_the_peer_index(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    prompt = SYSTEM + "question one"
+    assert b.matched(prompt) == {}
+    a.route(prompt, 2)
+    deliver(a, b, "b", clock())
+    assert b.matched(prompt) == {"192.168.1.2:8000": len(hashes(b.scorer, prompt))}
+    # and b's scheduler now prefers endpoint 2 for the same prefix among all candidates
+    result = b.scheduler.schedule(request(prompt=SYSTEM + "question two"), b.store.current().candidates())
+    assert result.targets[0].key == "192.168.1.2:8000"
+
+
+def test_only_new_blocks_are_sent_until_the_refresh(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    a.route(SYSTEM + "question one", 2)
+    [first] = deliver(a, b, "b", clock())
+    sent = sum(len(p.hashes) for p in first.placements)
+    clock.advance(0.01)
+    a.route(SYSTEM + "question two, a different one", 2)
+    [second] = deliver(a, b, "b", clock())
+    resent = sum(len(p.hashes) for p in second.placements)
+    assert 0 < resent <= 2 < sent  # the question's new tail, not the system prompt
+    clock.advance(2.0)  # past refresh_s: the hot prefix is announced again in full
+    a.route(SYSTEM + "question one", 2)
+    [third] = deliver(a, b, "b", clock())
+    assert sum(len(p.hashes) for p in third.placements) == sent
+
+
+def test_in_flight_counts_reach_the_peer_and_expire(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    a.route(SYSTEM + "q", 3)
+    a.route(SYSTEM + "r", 3)
+    deliver(a, b, "b", clock())
+    ep3 = b.store.current().get("192.168.1.3:8000")
+    assert ep3 is not None
+    assert b.ctx.ledger_requests(ep3.key) == 2
+    assert b.ctx.server_load(ep3).requests == 2  # no fresh scrape beyond: the pool's ledger
+    assert b.ctx.ledger_tokens([ep3])[0] == a.ctx.inflight.tokens(ep3.key) > 0
+    clock.advance(1.0)  # a is silent for state_ttl_s: its counts no longer count
+    assert b.ctx.ledger_requests(ep3.key) == 0
+
+
+def test_a_lost_batch_is_healed_by_the_next_full_snapshot(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    deliver(a, b, "b", clock())  # first batch: full, nothing in flight
+    clock.advance(0.01)
+    a.route(SYSTEM + "q", 1)
+    assert a.exchange.flush(clock())  # lost on the way
+    clock.advance(0.01)
+    assert a.exchange.flush(clock()) == {}  # nothing changed since the lost one: nothing to send yet
+    assert b.ctx.ledger_requests("192.168.1.1:8000") == 0
+    clock.advance(0.25)  # the heartbeat carries the loads in full
+    [batch] = deliver(a, b, "b", clock())
+    assert batch.full
+    assert b.ctx.ledger_requests("192.168.1.1:8000") == 1
+    assert b.exchange.stats.batches_lost == 1  # the gap in sequence numbers is seen
+
+
+def test_quiet_links_send_heartbeats_only(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    assert len(deliver(a, b, "b", clock())) == 1  # first: full snapshot
+    clock.advance(0.1)
+    assert a.exchange.flush(clock()) == {}
+    clock.advance(0.2)
+    [beat] = deliver(a, b, "b", clock())
+    assert beat.placements == ()
+    assert beat.full
+    assert len(wire.encode(beat)) < 40 + 3 * (2 + 16 + 10)  # header, then 3 servers' zero loads
+
+
+def test_a_restarted_peer_is_told_everything_again(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    a.route(SYSTEM + "q", 2)
+    deliver(a, b, "b", clock())
+    fresh_b = replica(clock, 3)
+    fresh_b.exchange.set_peers(["a"])
+    a.exchange.reset_peer("b")  # the transport reconnected
+    clock.advance(0.01)
+    a.route(SYSTEM + "q", 2)
+    deliver(a, fresh_b, "b", clock())
+    assert fresh_b.matched(SYSTEM + "q") == {"192.168.1.2:8000": len(SYSTEM + "q") // 64 + 1}
+
+
+def test_own_batches_bad_bytes_and_other_block_sizes_are_dropped(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    a.route(SYSTEM + "q", 2)
+    data = a.exchange.flush(clock())["b"][0]
+    assert a.exchange.receive(data, clock()) is None  # its own incarnation
+    assert b.exchange.receive(b"garbage", clock()) is None
+    assert b.exchange.stats.batches_rejected == 1
+    batch = wire.decode(data)
+    cut = tuple(wire.Placement(p.plugin, p.endpoint, 32, p.hashes) for p in batch.placements)
+    other = wire.Batch(9, 1, False, {}, cut)
+    assert b.exchange.receive(wire.encode(other), clock()) is not None
+    assert b.exchange.stats.placements_ignored == 1
+    assert b.matched(SYSTEM + "q") == {}
+
+
+def test_pending_placements_are_bounded(clock: FakeClock) -> None:
+    a = replica(clock, 1, ExchangeSettings(max_pending=3))
+    a.exchange.set_peers(["b"])
+    for i in range(5):
+        a.route(f"{SYSTEM} {i}", 1)
+    assert a.exchange.stats.placements_dropped == 2
+    a.exchange.close()
+    a.route(SYSTEM + "after close", 1)
+    assert a.exchange.stats.placements_dropped == 2
+
+
+def test_the_memory_of_what_was_sent_is_bounded(clock: FakeClock) -> None:
+    a = replica(clock, 1, ExchangeSettings(sent_memory=50))
+    a.exchange.set_peers(["b"])
+    for i in range(5):
+        a.route(f"{i} {SYSTEM}", 1)  # different first block: every block new
+        a.exchange.flush(clock())
+    assert len(a.exchange._links["b"].sent) == 50
+    # what fell out of the memory is sent again at its next use, before the refresh window ends
+    a.route(f"0 {SYSTEM}", 1)
+    [data] = a.exchange.flush(clock())["b"]
+    assert sum(len(p.hashes) for p in wire.decode(data).placements) > 0
