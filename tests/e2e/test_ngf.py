@@ -83,6 +83,18 @@ async def post(
         return resp.status, dict(resp.headers), await resp.read()
 
 
+async def access_log(tmp_path: Path, lines: int, timeout_s: float = 5.0) -> list[str]:
+    """nginx writes a request's access-log line after it has sent the response: wait for ``lines`` of them."""
+    path = tmp_path / "nginx" / "access.log"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        found = path.read_text().splitlines() if path.exists() else []
+        if len(found) >= lines or loop.time() >= deadline:
+            return found
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize("tls", [True, False], ids=["tls", "plaintext"])
 async def test_requests_land_on_the_backend_picker_chose(tmp_path: Path, tls: bool) -> None:
     async with stack(tmp_path, tls=tls) as s, aiohttp.ClientSession() as session:
@@ -94,7 +106,7 @@ async def test_requests_land_on_the_backend_picker_chose(tmp_path: Path, tls: bo
             assert headers["x-backend"] == "b1"  # the only backend with an empty queue
             assert orjson.loads(body)["choices"][0]["text"] == "".join(STREAM_WORDS[:3])
         assert len(s.backends[1].served) == 8
-        picks = [ln.split(" ")[3] for ln in (tmp_path / "nginx" / "access.log").read_text().splitlines()]
+        picks = [ln.split(" ")[3] for ln in await access_log(tmp_path, 8)]
         assert picks == [f'"{s.backends[1].hostport}"'] * 8  # $inference_workload_endpoint: picker's choice
         assert not s.backends[0].served
         assert not s.backends[2].served
