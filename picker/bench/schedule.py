@@ -22,7 +22,7 @@ from picker.scheduling.config import load_config
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
 
-__all__ = ["configure", "run"]
+__all__ = ["bench_endpoints", "configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -45,16 +45,7 @@ def run(args: argparse.Namespace) -> int:
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
     ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0))
     scheduler = Scheduler(load_config(config_text, ctx), ctx)
-    now = time.monotonic()
-    endpoints = [
-        Endpoint(
-            key=f"10.{i // 250}.{i % 250}.1:8000",
-            address=f"10.{i // 250}.{i % 250}.1",
-            port=8000,
-            metrics=EndpointMetrics(waiting=i % 7, running=i % 5, kv_usage=(i % 10) / 10, updated_at=now),
-        )
-        for i in range(count)
-    ]
+    endpoints = bench_endpoints(count, now=time.monotonic())
     requests = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(size)]
 
     def cycles(n: int) -> None:
@@ -69,3 +60,16 @@ def _measure(count: int, size: int, config_text: str | None, args: argparse.Name
         cycles(args.cycles)
         timings.append((time.perf_counter() - started) / args.cycles * 1e6)
     return float(statistics.median(timings))
+
+
+def bench_endpoints(count: int, *, now: float) -> list[Endpoint]:
+    """``count`` endpoints with varied scraped metrics (sampled at ``now``)."""
+    return [
+        Endpoint(
+            key=f"10.{i // 250}.{i % 250}.1:8000",
+            address=f"10.{i // 250}.{i % 250}.1",
+            port=8000,
+            metrics=EndpointMetrics(waiting=i % 7, running=i % 5, kv_usage=(i % 10) / 10, updated_at=now),
+        )
+        for i in range(count)
+    ]

@@ -113,6 +113,23 @@ class PluginContext:
         so it counts traffic picker did not route (other replicas, direct clients) without a scrape's lag."""
         return serverload.estimate(endpoint, self.inflight.load(endpoint.key), self.clock(), self.metrics_max_age_s)
 
+    def server_requests(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """``server_load(e).requests`` for each endpoint, in order (a scorer's loop, without an object each)."""
+        return serverload.requests_of(endpoints, self.inflight.load, self.clock(), self.metrics_max_age_s)
+
+    def server_tokens(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """``server_load(e).tokens(request_tokens, decode_tokens)`` for each endpoint, in order, foreign requests
+        weighed at picker's averages (``InflightTracker.request_tokens`` / ``decode_tokens``)."""
+        inflight = self.inflight
+        return serverload.tokens_of(
+            endpoints,
+            inflight.load,
+            self.clock(),
+            inflight.request_tokens,
+            inflight.decode_tokens,
+            self.metrics_max_age_s,
+        )
+
     def metrics_age_s(self, endpoint: Endpoint) -> float:
         """Seconds since ``endpoint``'s metrics were last scraped successfully; ``math.inf`` if never."""
         updated_at = endpoint.metrics.updated_at

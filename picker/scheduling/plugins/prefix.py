@@ -223,7 +223,7 @@ class PrefixCacheScorer:
         if ctx is None or not endpoints:
             return
         params = self.params
-        loads = [ctx.server_load(e).requests for e in endpoints]
+        loads = ctx.server_requests(endpoints)
         cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(endpoints)), params.load_cap_floor)
         for i, n in enumerate(loads):
             if n + 1 > cap:

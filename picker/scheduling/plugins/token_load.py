@@ -61,13 +61,10 @@ class TokenLoadScorer:
         threshold = self._threshold
         match = cycle.get(MATCH_STATE)
         prompt = float(req.prompt_tokens)
-        in_flight: list[int] | list[float]
-        if self._blended:
-            ctx = self._ctx
-            per_request, per_decode = ctx.inflight.request_tokens, ctx.inflight.decode_tokens
-            in_flight = [ctx.server_load(e).tokens(per_request, per_decode) for e in endpoints]
-        else:
-            in_flight = self._ctx.inflight.tokens_of(endpoints)
+        ctx = self._ctx
+        in_flight: list[int] | list[float] = (
+            ctx.server_tokens(endpoints) if self._blended else ctx.inflight.tokens_of(endpoints)
+        )
         if isinstance(match, PrefixMatch):
             loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]
         else:
