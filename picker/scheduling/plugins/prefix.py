@@ -160,6 +160,7 @@ class PrefixCacheScorer:
         self._ctx = ctx
         self._state_key = f"{self.type}/{name}"
         self._match_key = match_key(name)
+        self._holders_key = f"{self._state_key}/holders"
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -189,8 +190,8 @@ class PrefixCacheScorer:
 
     def match(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> PrefixMatch:
         """The request's match against the index; also left in ``cycle`` for later plugins."""
-        blocks = self._blocks(req, endpoints, cycle)
-        counts = self.index.match(blocks.hashes) if blocks.hashes else {}
+        counts = self.prefix_holders(req, endpoints, cycle)
+        blocks: _Blocks = cycle[self._state_key]
         if counts:  # only candidates count: an endpoint filtered out does not make the request warm
             counts = {e.key: n for e in endpoints if (n := counts.get(e.key, 0))}
         found = PrefixMatch(
@@ -199,6 +200,18 @@ class PrefixCacheScorer:
         cycle[self._match_key] = found
         cycle[MATCH_STATE] = found
         return found
+
+    def prefix_holders(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> dict[str, int]:
+        """Every endpoint key in the index → blocks it holds along the request's walk (the large-pool pre-filter
+        keeps these); computed once per cycle and block size. Do not mutate the result."""
+        blocks = self._blocks(req, endpoints, cycle)
+        cached = cycle.get(self._holders_key)
+        if cached is not None and cached[0] is blocks:
+            held: dict[str, int] = cached[1]
+            return held
+        held = self.index.match(blocks.hashes) if blocks.hashes else {}
+        cycle[self._holders_key] = (blocks, held)
+        return held
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
         if not result.targets:
