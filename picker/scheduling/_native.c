@@ -10,6 +10,7 @@
  *       than one block.
  *   match(holders, hashes) -> dict[str, int]
  *       walks ``hashes`` until one that ``holders`` (hash -> str | set[str]) lacks, counting blocks per key.
+ *   tokens_of(...), select(...): the large-pool pre-filter's pass (picker/scheduling/prefilter.py), below.
  *
  * XXH64 below is the scalar algorithm of the xxHash specification (Yann Collet, BSD-2-Clause),
  * doc/xxhash_spec.md, written out here so the build needs nothing but the compiler.
@@ -200,7 +201,195 @@ fail:
     return NULL;
 }
 
+/* tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s) -> list[float] | None
+ * picker.endpoints.serverload.tokens_of with ``load`` = loads.get (a dict key -> EndpointLoad; absent: zero),
+ * the same double arithmetic in the same order. None when a value is not the int/float it should be (then the
+ * caller runs the Python loop). */
+static PyObject *s_key, *s_metrics, *s_updated_at, *s_waiting, *s_running, *s_own_requests, *s_requests, *s_tokens;
+
+static int get_ll(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    if (!PyLong_CheckExact(v)) {
+        Py_DECREF(v);
+        return 1;
+    }
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    Py_DECREF(v);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    return overflow || *out > (1LL << 52) || *out < -(1LL << 52) ? 1 : 0; /* exact as a double */
+}
+
+static PyObject *tokens_of(PyObject *self, PyObject *args) {
+    PyObject *endpoints, *loads;
+    double now, rt, dt, max_age;
+    if (!PyArg_ParseTuple(args, "OO!dddd:tokens_of", &endpoints, &PyDict_Type, &loads, &now, &rt, &dt, &max_age)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = items[i];
+        long long own_requests = 0, own_tokens = 0, waiting, running, own_then;
+        int rc;
+        PyObject *key = PyObject_GetAttr(e, s_key);
+        if (key == NULL) goto fail;
+        PyObject *own = PyDict_GetItemWithError(loads, key); /* borrowed */
+        Py_DECREF(key);
+        if (own == NULL && PyErr_Occurred()) goto fail;
+        if (own != NULL) {
+            if ((rc = get_ll(own, s_requests, &own_requests)) != 0) goto rc_fail;
+            if ((rc = get_ll(own, s_tokens, &own_tokens)) != 0) goto rc_fail;
+        }
+        PyObject *m = PyObject_GetAttr(e, s_metrics);
+        if (m == NULL) goto fail;
+        PyObject *updated_obj = PyObject_GetAttr(m, s_updated_at);
+        if (updated_obj == NULL || !PyFloat_CheckExact(updated_obj)) {
+            Py_XDECREF(updated_obj);
+            Py_DECREF(m);
+            rc = updated_obj == NULL ? -1 : 1;
+            goto rc_fail;
+        }
+        double updated = PyFloat_AS_DOUBLE(updated_obj);
+        Py_DECREF(updated_obj);
+        double value;
+        if (updated <= 0.0 || now - updated > max_age) {
+            value = (double)own_tokens + 0.0 * rt + 0.0 * dt;
+        } else {
+            rc = get_ll(m, s_waiting, &waiting);
+            if (rc == 0) rc = get_ll(m, s_running, &running);
+            if (rc != 0) {
+                Py_DECREF(m);
+                goto rc_fail;
+            }
+            PyObject *then = PyObject_GetAttr(m, s_own_requests);
+            if (then == NULL) {
+                Py_DECREF(m);
+                goto fail;
+            }
+            if (then == Py_None) {
+                own_then = own_requests;
+            } else {
+                rc = get_ll(m, s_own_requests, &own_then);
+                if (rc != 0) {
+                    Py_DECREF(then);
+                    Py_DECREF(m);
+                    goto rc_fail;
+                }
+            }
+            Py_DECREF(then);
+            long long reported = waiting + running;
+            long long foreign = reported - own_then;
+            if (foreign <= 0) {
+                value = (double)own_tokens + 0.0 * rt + 0.0 * dt;
+            } else {
+                double w = (double)(foreign * waiting) / (double)reported;
+                value = (double)own_tokens + w * rt + ((double)foreign - w) * dt;
+            }
+        }
+        Py_DECREF(m);
+        PyObject *f = PyFloat_FromDouble(value);
+        if (f == NULL) goto fail;
+        PyList_SET_ITEM(out, i, f);
+        continue;
+    rc_fail:
+        if (rc < 0) goto fail;
+        Py_DECREF(out);
+        Py_DECREF(seq);
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* select(endpoints, loads, k, held) -> list: the endpoints whose load is among the k smallest (ties: the
+ * earlier; as sorted(range(n), key=loads.__getitem__)[:k]) or whose key is in ``held``, in their order. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static PyObject *select_(PyObject *self, PyObject *args) {
+    PyObject *endpoints, *loads_obj, *held;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OO!nO:select", &endpoints, &PyList_Type, &loads_obj, &k, &held)) return NULL;
+    PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (PyList_GET_SIZE(loads_obj) != n) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "one load per endpoint");
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    double *loads = PyMem_Malloc(sizeof(double) * (size_t)(n ? 2 * n : 1));
+    if (loads == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    double *sorted = loads + n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = PyFloat_AsDouble(PyList_GET_ITEM(loads_obj, i));
+        if (v == -1.0 && PyErr_Occurred()) goto fail;
+        if (v != v) { /* NaN: sorted() order is not defined by value; leave it to Python */
+            PyMem_Free(loads);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        loads[i] = sorted[i] = v;
+    }
+    /* the k-th smallest value; those below it are kept, and of those equal to it the first few */
+    Py_ssize_t below = 0, at_quota = 0;
+    double kth = 0.0;
+    if (k > 0 && n > 0) {
+        qsort(sorted, (size_t)n, sizeof(double), cmp_double);
+        kth = sorted[(k < n ? k : n) - 1];
+        for (Py_ssize_t i = 0; i < n; i++) below += loads[i] < kth;
+        at_quota = (k < n ? k : n) - below;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) goto fail;
+    int use_held = held != Py_None && PyObject_Size(held) > 0;
+    if (PyErr_Occurred()) goto fail_out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int keep = 0;
+        if (k > 0 && loads[i] < kth) {
+            keep = 1;
+        } else if (k > 0 && loads[i] == kth && at_quota > 0) {
+            keep = 1;
+            at_quota--;
+        } else if (use_held) {
+            PyObject *key = PyObject_GetAttr(items[i], s_key);
+            if (key == NULL) goto fail_out;
+            keep = PySequence_Contains(held, key);
+            Py_DECREF(key);
+            if (keep < 0) goto fail_out;
+        }
+        if (keep && PyList_Append(out, items[i]) < 0) goto fail_out;
+    }
+    PyMem_Free(loads);
+    Py_DECREF(seq);
+    return out;
+fail_out:
+    Py_DECREF(out);
+fail:
+    PyMem_Free(loads);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"tokens_of", tokens_of, METH_VARARGS, "Estimated in-flight tokens per endpoint (serverload.tokens_of)."},
+    {"select", select_, METH_VARARGS, "The k least loaded endpoints and the prefix holders, in order."},
     {"prefix_hashes", prefix_hashes, METH_VARARGS, "The chained xxh64 block hashes of a prompt."},
     {"match", match, METH_VARARGS, "Blocks per endpoint key along a prefix walk."},
     {NULL, NULL, 0, NULL},
@@ -208,4 +397,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "picker's native hot path.", -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    if (!(s_key = PyUnicode_InternFromString("key")) || !(s_metrics = PyUnicode_InternFromString("metrics")) ||
+        !(s_updated_at = PyUnicode_InternFromString("updated_at")) ||
+        !(s_waiting = PyUnicode_InternFromString("waiting")) ||
+        !(s_running = PyUnicode_InternFromString("running")) ||
+        !(s_own_requests = PyUnicode_InternFromString("own_requests")) ||
+        !(s_requests = PyUnicode_InternFromString("requests")) || !(s_tokens = PyUnicode_InternFromString("tokens"))) {
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

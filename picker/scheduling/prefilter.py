@@ -13,8 +13,8 @@ in their original order. A pool of k or fewer candidates is passed on as the ver
 sets is never scored, so a scorer that would have preferred it for another reason does not get the chance - an
 endpoint with a LoRA adapter loaded but more load than the k-th, the emptiest cache (``coldSpread``) among the
 busier endpoints, a server with a fast TTFT among the busier ones; min-max scorers (queue, running, kv-cache)
-normalize over the kept set. The cut costs one pass over the pool (the token estimate, ~0.2 µs per candidate)
-and a partial sort, instead of every scorer's pass.
+normalize over the kept set. The cut costs one pass over the pool (the token estimate and the selection, in C
+when ``scheduling.native`` is built, else ``serverload.tokens_of`` and ``py_select``) instead of every scorer's.
 
 ``k`` is ``--prefilter-endpoints`` (``Settings.prefilter_endpoints``, default 64; 0: off). The policy lab and
 ``Scheduler(...)`` without it do not cut.
@@ -23,14 +23,15 @@ and a partial sort, instead of every scorer's pass.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from picker.endpoints.model import Endpoint
 from picker.request.model import InferenceRequest
+from picker.scheduling import native
 from picker.scheduling.framework import CycleState, PluginContext
 
-__all__ = ["Prefilter", "PrefixHolders"]
+__all__ = ["Prefilter", "PrefixHolders", "py_select"]
 
 
 @runtime_checkable
@@ -53,16 +54,33 @@ class Prefilter:
     def apply(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> Sequence[Endpoint]:
         """``endpoints`` cut to the k least loaded plus the prefix holders (itself when k or fewer)."""
         k = self.k
-        n = len(endpoints)
-        if k <= 0 or n <= k:
+        if k <= 0 or len(endpoints) <= k:
             return endpoints
-        loads = self._ctx.server_tokens(endpoints)
-        keep = [False] * n
-        for i in heapq.nsmallest(k, range(n), key=loads.__getitem__):  # stable: ties keep the earlier index
-            keep[i] = True
         held: set[str] = set()
         for source in self._holders:
             held.update(source.prefix_holders(req, endpoints, cycle))
-        if held:
-            return [e for i, e in enumerate(endpoints) if keep[i] or e.key in held]
-        return [e for i, e in enumerate(endpoints) if keep[i]]
+        fast = native.module
+        if fast is not None:
+            ctx = self._ctx
+            inflight = ctx.inflight
+            loads: list[float] | None = fast.tokens_of(
+                endpoints,
+                inflight.loads(),
+                ctx.clock(),
+                inflight.request_tokens,
+                inflight.decode_tokens,
+                ctx.metrics_max_age_s,
+            )
+            if loads is not None:
+                kept: list[Endpoint] | None = fast.select(endpoints, loads, k, held)
+                if kept is not None:
+                    return kept
+        return py_select(endpoints, self._ctx.server_tokens(endpoints), k, held)
+
+
+def py_select(endpoints: Sequence[Endpoint], loads: Sequence[float], k: int, held: Container[str]) -> list[Endpoint]:
+    """The endpoints among the k least loaded (ties: the earlier) or with a key in ``held``, in order."""
+    keep = [False] * len(endpoints)
+    for i in heapq.nsmallest(k, range(len(endpoints)), key=loads.__getitem__):  # as sorted(...)[:k]: stable
+        keep[i] = True
+    return [e for i, e in enumerate(endpoints) if keep[i] or e.key in held]

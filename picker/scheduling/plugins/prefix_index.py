@@ -14,22 +14,22 @@ evicted after their extensions (the match walk stops at the first hash nobody ho
 block would hide every later one).
 
 Native speed: ``prefix_hashes`` and the match walk run in ``picker.scheduling._native`` (a small C extension that
-``scripts/install.sh`` builds; ~6x faster hashing, no bytes copies) when it is importable and ``PICKER_NATIVE`` is
-not ``0``. The pure-Python ``py_prefix_hashes`` and ``py_match`` define the results and are the fallback;
+``scripts/install.sh`` builds; ``scheduling.native``) unless ``PICKER_NATIVE=0``. The pure-Python
+``py_prefix_hashes`` and ``py_match`` define the results and are the fallback;
 ``tests/scheduling/plugins/test_native.py`` checks both equal on randomized inputs.
 """
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from types import ModuleType
 from typing import Protocol
 
 import xxhash
 
-__all__ = ["NATIVE", "PrefixIndex", "prefix_hashes", "py_match", "py_prefix_hashes"]
+from picker.scheduling import native
+
+__all__ = ["PrefixIndex", "prefix_hashes", "py_match", "py_prefix_hashes"]
 
 _xxh64 = xxhash.xxh64_intdigest
 
@@ -67,28 +67,14 @@ def py_match(holders_of: dict[int, str | set[str]], hashes: Sequence[int]) -> di
     return counts
 
 
-def _load_native() -> ModuleType | None:
-    if os.environ.get("PICKER_NATIVE", "1") == "0":
-        return None
-    try:
-        from picker.scheduling import _native
-    except ImportError:  # not built (no compiler at install): the pure-Python twins
-        return None
-    return _native
-
-
-_NATIVE = _load_native()
-NATIVE = _NATIVE is not None  # whether the C extension is in use
-
-
 class _Hasher(Protocol):
     def __call__(self, text: str, block_bytes: int, max_blocks: int, model: str, salt: str = "") -> tuple[int, ...]: ...
 
 
 prefix_hashes: _Hasher
 _match: Callable[[dict[int, str | set[str]], Sequence[int]], dict[str, int]]
-if _NATIVE is not None:
-    prefix_hashes, _match = _NATIVE.prefix_hashes, _NATIVE.match
+if native.module is not None:
+    prefix_hashes, _match = native.module.prefix_hashes, native.module.match
 else:
     prefix_hashes, _match = py_prefix_hashes, py_match
 

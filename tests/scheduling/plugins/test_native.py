@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 
 import pytest
@@ -9,14 +11,23 @@ import xxhash
 
 from picker.bench.overhead import prompt_bodies
 from picker.bench.schedule import bench_endpoints
+from picker.endpoints import serverload
+from picker.endpoints.inflight import EndpointLoad
+from picker.endpoints.model import Endpoint
 from picker.request.parse import parse_request
+from picker.scheduling import native as scheduling_native
 from picker.scheduling.config import load_config
+from picker.scheduling.framework import CycleState
 from picker.scheduling.plugins import prefix, prefix_index
 from picker.scheduling.plugins.prefix_index import PrefixIndex, py_match, py_prefix_hashes
+from picker.scheduling.prefilter import Prefilter, py_select
 from picker.scheduling.scheduler import Scheduler
+from tests.conftest import endpoint
 from tests.scheduling.helpers import ctx
 
 native = pytest.importorskip("picker.scheduling._native", reason="C extension not built (no compiler at install)")
+
+REQUESTS = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(4096)]
 
 # ASCII, 2-, 3- and 4-byte UTF-8 characters: block cuts land inside characters too.
 ALPHABET = "abcdefghij KLMNOP 0123456789 .,\n\té ß ñ ü € 中文 字 🙂 🚀"
@@ -69,11 +80,11 @@ def test_match_equal_on_random_indexes() -> None:
 
 
 def test_the_module_uses_native_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert (prefix_index.prefix_hashes is native.prefix_hashes) == prefix_index.NATIVE
+    assert (prefix_index.prefix_hashes is native.prefix_hashes) == scheduling_native.NATIVE
     monkeypatch.setenv("PICKER_NATIVE", "0")
-    assert prefix_index._load_native() is None
+    assert scheduling_native.load() is None
     monkeypatch.setenv("PICKER_NATIVE", "1")
-    assert prefix_index._load_native() is native
+    assert scheduling_native.load() is native
 
 
 def test_bad_arguments_raise_like_python() -> None:
@@ -84,7 +95,7 @@ def test_bad_arguments_raise_like_python() -> None:
 
 
 def test_the_default_scheduler_decides_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    requests = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(4096)]
+    requests = REQUESTS
     rng = random.Random(3)
     order = [rng.randrange(len(requests)) for _ in range(300)]
 
@@ -103,3 +114,75 @@ def test_the_default_scheduler_decides_the_same_on_either_path(monkeypatch: pyte
     monkeypatch.setattr(prefix, "prefix_hashes", py_prefix_hashes)
     monkeypatch.setattr(prefix_index, "_match", py_match)
     assert picks() == fast
+
+
+def _random_pool(rng: random.Random, n: int) -> list[Endpoint]:
+    now = 1000.0
+    return [
+        endpoint(
+            i,
+            waiting=rng.randrange(0, 9),
+            running=rng.randrange(0, 9),
+            updated_at=rng.choice([0.0, now - 5.0, now - 2.0, now - 0.5, now]),
+            own_requests=rng.choice([None, 0, 1, 3]),
+        )
+        for i in range(n)
+    ]
+
+
+def test_tokens_of_equals_the_python_loop_on_random_pools() -> None:
+    rng = random.Random(17)
+    for _ in range(300):
+        pool = _random_pool(rng, rng.randrange(0, 40))
+        loads = {
+            e.key: EndpointLoad(requests=rng.randrange(0, 6), tokens=rng.randrange(0, 50_000))
+            for e in pool
+            if rng.random() < 0.5
+        }
+        per_request, per_decode = rng.uniform(1, 3000), rng.uniform(1, 500)
+        now, max_age = 1000.0, rng.choice([1.0, 2.0, 10.0])
+
+        def load(key: str, loads: dict[str, EndpointLoad] = loads) -> EndpointLoad:
+            return loads.get(key) or EndpointLoad()
+
+        expected = serverload.tokens_of(pool, load, now, per_request, per_decode, max_age)
+        assert native.tokens_of(pool, loads, now, per_request, per_decode, max_age) == expected
+
+
+def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
+    pool = [
+        endpoint(1),
+        dataclasses.replace(endpoint(2), metrics=dataclasses.replace(endpoint(2).metrics, waiting=1.5)),
+    ]
+    assert native.tokens_of(pool, {}, 1000.0, 1.0, 1.0, 2.0) is None  # type: ignore[arg-type]
+
+
+def test_select_equals_the_python_selection_on_random_loads() -> None:
+    rng = random.Random(19)
+    for _ in range(500):
+        n = rng.randrange(0, 60)
+        pool = [endpoint(i) for i in range(n)]
+        loads = [float(rng.choice([0, 1, 2, 3, 100, rng.random()])) for _ in range(n)]
+        k = rng.randrange(0, n + 3)
+        held = {e.key for e in pool if rng.random() < 0.1}
+        expected = py_select(pool, loads, k, held)
+        assert native.select(pool, loads, k, held) == expected
+        assert native.select(pool, loads, k, None) == py_select(pool, loads, k, ())
+    assert native.select([endpoint(1)], [math.nan], 1, None) is None
+    with pytest.raises(ValueError, match="one load per endpoint"):
+        native.select([endpoint(1)], [], 1, None)
+
+
+def test_the_prefilter_cuts_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(23)
+    c = ctx()
+    for _ in range(50):
+        pool = _random_pool(rng, 80)
+        for e in pool[::3]:
+            c.inflight.acquire(e.key, rng.randrange(1, 4000), 1000.0)
+        cut = Prefilter(16, c)
+        req = REQUESTS[0]
+        fast = cut.apply(req, pool, CycleState())
+        monkeypatch.setattr(scheduling_native, "module", None)
+        assert cut.apply(req, pool, CycleState()) == fast
+        monkeypatch.undo()
