@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -201,14 +202,43 @@ fail:
     return NULL;
 }
 
-/* tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s) -> list[float] | None
- * picker.endpoints.serverload.tokens_of with ``load`` = loads.get (a dict key -> EndpointLoad; absent: zero),
- * the same double arithmetic in the same order. None when a value is not the int/float it should be (then the
+/* tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, requests=False) -> list[float] | None
+ * picker.endpoints.serverload.tokens_of (requests: requests_of) with ``load`` = loads.get (a dict key ->
+ * EndpointLoad; absent: zero), the same double arithmetic in the same order. None when a value is not the int/float it should be (then the
  * caller runs the Python loop). */
-static PyObject *s_key, *s_metrics, *s_updated_at, *s_waiting, *s_running, *s_own_requests, *s_requests, *s_tokens;
 
-static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+/* Attribute reads of the slotted dataclasses (Endpoint, EndpointMetrics, EndpointLoad) without the generic
+ * lookup: per attribute name, the exact type last seen and its slot's offset (the type is kept alive while
+ * cached). Any other type, or an attribute that is not a plain slot, goes through PyObject_GetAttr. */
+typedef struct {
+    PyObject *name;
+    PyTypeObject *type;
+    Py_ssize_t offset;
+} slot_t;
+
+static slot_t a_key, a_metrics, a_updated_at, a_waiting, a_running, a_own_requests, a_requests, a_tokens;
+
+static PyObject *attr(PyObject *obj, slot_t *slot) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (slot->type != type) {
+        PyObject *d = _PyType_Lookup(type, slot->name); /* borrowed */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+            return PyObject_GetAttr(obj, slot->name);
+        }
+        Py_XDECREF(slot->type);
+        Py_INCREF(type);
+        slot->type = type;
+        slot->offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    PyObject *v = *(PyObject **)((char *)obj + slot->offset);
+    if (v == NULL) return PyObject_GetAttr(obj, slot->name); /* unset: the AttributeError */
+    Py_INCREF(v);
+    return v;
+}
+
+static int get_ll(PyObject *obj, slot_t *name, long long *out) {
+    PyObject *v = attr(obj, name);
     if (v == NULL) return -1;
     if (!PyLong_CheckExact(v)) {
         Py_DECREF(v);
@@ -224,7 +254,9 @@ static int get_ll(PyObject *obj, PyObject *name, long long *out) {
 static PyObject *tokens_of(PyObject *self, PyObject *args) {
     PyObject *endpoints, *loads;
     double now, rt, dt, max_age;
-    if (!PyArg_ParseTuple(args, "OO!dddd:tokens_of", &endpoints, &PyDict_Type, &loads, &now, &rt, &dt, &max_age)) {
+    int requests = 0;
+    if (!PyArg_ParseTuple(args, "OO!dddd|p:tokens_of", &endpoints, &PyDict_Type, &loads, &now, &rt, &dt, &max_age,
+                          &requests)) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
@@ -237,18 +269,18 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
         PyObject *e = items[i];
         long long own_requests = 0, own_tokens = 0, waiting, running, own_then;
         int rc;
-        PyObject *key = PyObject_GetAttr(e, s_key);
+        PyObject *key = attr(e, &a_key);
         if (key == NULL) goto fail;
         PyObject *own = PyDict_GetItemWithError(loads, key); /* borrowed */
         Py_DECREF(key);
         if (own == NULL && PyErr_Occurred()) goto fail;
         if (own != NULL) {
-            if ((rc = get_ll(own, s_requests, &own_requests)) != 0) goto rc_fail;
-            if ((rc = get_ll(own, s_tokens, &own_tokens)) != 0) goto rc_fail;
+            if ((rc = get_ll(own, &a_requests, &own_requests)) != 0) goto rc_fail;
+            if ((rc = get_ll(own, &a_tokens, &own_tokens)) != 0) goto rc_fail;
         }
-        PyObject *m = PyObject_GetAttr(e, s_metrics);
+        PyObject *m = attr(e, &a_metrics);
         if (m == NULL) goto fail;
-        PyObject *updated_obj = PyObject_GetAttr(m, s_updated_at);
+        PyObject *updated_obj = attr(m, &a_updated_at);
         if (updated_obj == NULL || !PyFloat_CheckExact(updated_obj)) {
             Py_XDECREF(updated_obj);
             Py_DECREF(m);
@@ -259,15 +291,15 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
         Py_DECREF(updated_obj);
         double value;
         if (updated <= 0.0 || now - updated > max_age) {
-            value = (double)own_tokens + 0.0 * rt + 0.0 * dt;
+            value = requests ? (double)own_requests + 0.0 : (double)own_tokens + 0.0 * rt + 0.0 * dt;
         } else {
-            rc = get_ll(m, s_waiting, &waiting);
-            if (rc == 0) rc = get_ll(m, s_running, &running);
+            rc = get_ll(m, &a_waiting, &waiting);
+            if (rc == 0) rc = get_ll(m, &a_running, &running);
             if (rc != 0) {
                 Py_DECREF(m);
                 goto rc_fail;
             }
-            PyObject *then = PyObject_GetAttr(m, s_own_requests);
+            PyObject *then = attr(m, &a_own_requests);
             if (then == NULL) {
                 Py_DECREF(m);
                 goto fail;
@@ -275,7 +307,7 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
             if (then == Py_None) {
                 own_then = own_requests;
             } else {
-                rc = get_ll(m, s_own_requests, &own_then);
+                rc = get_ll(m, &a_own_requests, &own_then);
                 if (rc != 0) {
                     Py_DECREF(then);
                     Py_DECREF(m);
@@ -286,10 +318,11 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
             long long reported = waiting + running;
             long long foreign = reported - own_then;
             if (foreign <= 0) {
-                value = (double)own_tokens + 0.0 * rt + 0.0 * dt;
+                value = requests ? (double)own_requests + 0.0 : (double)own_tokens + 0.0 * rt + 0.0 * dt;
             } else {
                 double w = (double)(foreign * waiting) / (double)reported;
-                value = (double)own_tokens + w * rt + ((double)foreign - w) * dt;
+                value = requests ? (double)own_requests + (w + ((double)foreign - w))
+                                 : (double)own_tokens + w * rt + ((double)foreign - w) * dt;
             }
         }
         Py_DECREF(m);
@@ -313,9 +346,32 @@ fail:
 
 /* select(endpoints, loads, k, held) -> list: the endpoints whose load is among the k smallest (ties: the
  * earlier; as sorted(range(n), key=loads.__getitem__)[:k]) or whose key is in ``held``, in their order. */
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+/* The value that would be at index ``want`` of ``a`` sorted ascending (Hoare's quickselect; reorders ``a``). */
+static double nth(double *a, Py_ssize_t n, Py_ssize_t want) {
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        double pivot = a[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) {
+                double t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j) {
+            hi = j;
+        } else if (want >= i) {
+            lo = i;
+        } else {
+            return a[want];
+        }
+    }
+    return a[want];
 }
 
 static PyObject *select_(PyObject *self, PyObject *args) {
@@ -351,8 +407,7 @@ static PyObject *select_(PyObject *self, PyObject *args) {
     Py_ssize_t below = 0, at_quota = 0;
     double kth = 0.0;
     if (k > 0 && n > 0) {
-        qsort(sorted, (size_t)n, sizeof(double), cmp_double);
-        kth = sorted[(k < n ? k : n) - 1];
+        kth = nth(sorted, n, (k < n ? k : n) - 1);
         for (Py_ssize_t i = 0; i < n; i++) below += loads[i] < kth;
         at_quota = (k < n ? k : n) - below;
     }
@@ -368,7 +423,7 @@ static PyObject *select_(PyObject *self, PyObject *args) {
             keep = 1;
             at_quota--;
         } else if (use_held) {
-            PyObject *key = PyObject_GetAttr(items[i], s_key);
+            PyObject *key = attr(items[i], &a_key);
             if (key == NULL) goto fail_out;
             keep = PySequence_Contains(held, key);
             Py_DECREF(key);
@@ -398,13 +453,11 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "picker's native hot path.", -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (!(s_key = PyUnicode_InternFromString("key")) || !(s_metrics = PyUnicode_InternFromString("metrics")) ||
-        !(s_updated_at = PyUnicode_InternFromString("updated_at")) ||
-        !(s_waiting = PyUnicode_InternFromString("waiting")) ||
-        !(s_running = PyUnicode_InternFromString("running")) ||
-        !(s_own_requests = PyUnicode_InternFromString("own_requests")) ||
-        !(s_requests = PyUnicode_InternFromString("requests")) || !(s_tokens = PyUnicode_InternFromString("tokens"))) {
-        return NULL;
+    slot_t *slots[] = {&a_key, &a_metrics, &a_updated_at, &a_waiting, &a_running, &a_own_requests, &a_requests,
+                       &a_tokens};
+    const char *names[] = {"key", "metrics", "updated_at", "waiting", "running", "own_requests", "requests", "tokens"};
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        if ((slots[i]->name = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     }
     return PyModule_Create(&module);
 }

@@ -12,6 +12,7 @@ def tokens_of(
     request_tokens: float,
     decode_tokens: float,
     max_age_s: float,
+    requests: bool = False,
 ) -> list[float] | None: ...
 def select(
     endpoints: Sequence[Endpoint], loads: list[float], k: int, held: Container[str] | None

@@ -9,9 +9,13 @@ when the extension is missing or ``PICKER_NATIVE=0``; tests check both equal on 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from types import ModuleType
 
-__all__ = ["NATIVE", "load", "module"]
+from picker.endpoints.model import Endpoint
+from picker.scheduling.framework import PluginContext
+
+__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens"]
 
 
 def load() -> ModuleType | None:
@@ -27,3 +31,29 @@ def load() -> ModuleType | None:
 
 module = load()
 NATIVE = module is not None  # whether the C extension is in use
+
+
+def server_tokens(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
+    """``ctx.server_tokens(endpoints)``, in C when the extension is in use."""
+    fast = module
+    if fast is not None:
+        inflight = ctx.inflight
+        now, max_age_s = ctx.clock(), ctx.metrics_max_age_s
+        found: list[float] | None = fast.tokens_of(
+            endpoints, inflight.loads(), now, inflight.request_tokens, inflight.decode_tokens, max_age_s
+        )
+        if found is not None:
+            return found
+    return ctx.server_tokens(endpoints)
+
+
+def server_requests(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
+    """``ctx.server_requests(endpoints)``, in C when the extension is in use."""
+    fast = module
+    if fast is not None:
+        found: list[float] | None = fast.tokens_of(
+            endpoints, ctx.inflight.loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, True
+        )
+        if found is not None:
+            return found
+    return ctx.server_requests(endpoints)

@@ -60,22 +60,12 @@ class Prefilter:
         for source in self._holders:
             held.update(source.prefix_holders(req, endpoints, cycle))
         fast = native.module
+        loads = native.server_tokens(self._ctx, endpoints)
         if fast is not None:
-            ctx = self._ctx
-            inflight = ctx.inflight
-            loads: list[float] | None = fast.tokens_of(
-                endpoints,
-                inflight.loads(),
-                ctx.clock(),
-                inflight.request_tokens,
-                inflight.decode_tokens,
-                ctx.metrics_max_age_s,
-            )
-            if loads is not None:
-                kept: list[Endpoint] | None = fast.select(endpoints, loads, k, held)
-                if kept is not None:
-                    return kept
-        return py_select(endpoints, self._ctx.server_tokens(endpoints), k, held)
+            kept: list[Endpoint] | None = fast.select(endpoints, loads, k, held)
+            if kept is not None:
+                return kept
+        return py_select(endpoints, loads, k, held)
 
 
 def py_select(endpoints: Sequence[Endpoint], loads: Sequence[float], k: int, held: Container[str]) -> list[Endpoint]:

@@ -54,6 +54,7 @@ from picker.plugins import (
     ResponseInfo,
     SchedulingResult,
 )
+from picker.scheduling import native
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
@@ -236,7 +237,7 @@ class PrefixCacheScorer:
         if ctx is None or not endpoints:
             return
         params = self.params
-        loads = ctx.server_requests(endpoints)
+        loads = native.server_requests(ctx, endpoints)
         cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(endpoints)), params.load_cap_floor)
         for i, n in enumerate(loads):
             if n + 1 > cap:

@@ -25,6 +25,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
+from picker.scheduling import native
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
 from picker.scheduling.scores import ScoreVector
@@ -63,7 +64,7 @@ class TokenLoadScorer:
         prompt = float(req.prompt_tokens)
         ctx = self._ctx
         in_flight: list[int] | list[float] = (
-            ctx.server_tokens(endpoints) if self._blended else ctx.inflight.tokens_of(endpoints)
+            native.server_tokens(ctx, endpoints) if self._blended else ctx.inflight.tokens_of(endpoints)
         )
         if isinstance(match, PrefixMatch):
             loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]

@@ -147,6 +147,8 @@ def test_tokens_of_equals_the_python_loop_on_random_pools() -> None:
 
         expected = serverload.tokens_of(pool, load, now, per_request, per_decode, max_age)
         assert native.tokens_of(pool, loads, now, per_request, per_decode, max_age) == expected
+        requests = serverload.requests_of(pool, load, now, max_age)
+        assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, True) == requests
 
 
 def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
@@ -186,3 +188,15 @@ def test_the_prefilter_cuts_the_same_on_either_path(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(scheduling_native, "module", None)
         assert cut.apply(req, pool, CycleState()) == fast
         monkeypatch.undo()
+
+
+def test_the_context_helpers_equal_the_plugin_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(29)
+    c = ctx()
+    pool = _random_pool(rng, 50)
+    for e in pool[::2]:
+        c.inflight.acquire(e.key, rng.randrange(1, 4000), 1000.0)
+    assert scheduling_native.server_tokens(c, pool) == c.server_tokens(pool)
+    assert scheduling_native.server_requests(c, pool) == c.server_requests(pool)
+    monkeypatch.setattr(scheduling_native, "module", None)
+    assert scheduling_native.server_tokens(c, pool) == c.server_tokens(pool)
