@@ -13,8 +13,9 @@ in their original order. A pool of k or fewer candidates is passed on as the ver
 sets is never scored, so a scorer that would have preferred it for another reason does not get the chance - an
 endpoint with a LoRA adapter loaded but more load than the k-th, the emptiest cache (``coldSpread``) among the
 busier endpoints, a server with a fast TTFT among the busier ones; min-max scorers (queue, running, kv-cache)
-normalize over the kept set, and the hot-prefix cap (``maxLoadFactor``) takes its mean over the kept set. The cut costs one pass over the pool (the token estimate and the selection, in C
-when ``scheduling.native`` is built, else ``serverload.tokens_of`` and ``py_select``) instead of every scorer's.
+normalize over the kept set, and the hot-prefix cap (``maxLoadFactor``) takes its mean over the kept set.
+The cut costs one pass over the pool (the token estimate and the selection, in C when ``scheduling.native`` is
+built, else ``serverload.tokens_of`` and ``py_select``) instead of every scorer's.
 
 ``k`` is ``--prefilter-endpoints`` (``Settings.prefilter_endpoints``, default 64; 0: off). The policy lab and
 ``Scheduler(...)`` without it do not cut.
