@@ -192,6 +192,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the gateway's ext_proc dialect; auto tells Envoy from the NGINX Gateway Fabric shim by itself",
     )
     add(
+        "--prefilter-endpoints",
+        type=int,
+        default=Settings().prefilter_endpoints,
+        help="pools larger than this score only this many least loaded endpoints plus the prefix holders (0: off)",
+    )
+    add(
         "--explain-header",
         type=_bool,
         nargs="?",
@@ -314,6 +320,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         config_text=args.config_text,
         log_level=level,
         log_format="text" if args.zap_encoder == "console" else "json",
+        prefilter_endpoints=args.prefilter_endpoints,
     )
 
 
@@ -481,7 +488,7 @@ async def serving(
             config = load_config_file(settings.config_file, ctx)
         else:
             config = load_config(settings.config_text, ctx)
-    scheduler = Scheduler(config, ctx)
+    scheduler = Scheduler(config, ctx, prefilter_k=settings.prefilter_endpoints)
     precise = _precise_path(config)
     director = Director(
         store=store,

@@ -85,3 +85,6 @@ class Settings:
     config_text: str | None = None
     log_level: str = "info"
     log_format: str = "json"  # json | text
+    # --prefilter-endpoints: larger pools score only this many least loaded candidates plus the prefix holders
+    # (scheduling/prefilter.py); 0 scores every candidate
+    prefilter_endpoints: int = 64

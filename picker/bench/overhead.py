@@ -91,6 +91,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput pass")
     parser.add_argument("--latency-requests", type=int, default=300, help="sequential requests, latency pass")
     parser.add_argument("--scrape-interval", default="1s", help="picker's --refresh-metrics-interval")
+    parser.add_argument("--staleness", default="2s", help="picker's --metrics-staleness-threshold")
+    parser.add_argument(
+        "--prefilter", type=int, default=None, help="picker's --prefilter-endpoints (default: picker's default)"
+    )
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON here")
     parser.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
 
@@ -145,7 +149,11 @@ async def _main(args: argparse.Namespace) -> list[Row]:
                     f.name,
                     "--refresh-metrics-interval",
                     args.scrape_interval,
+                    "--metrics-staleness-threshold",
+                    args.staleness,
                 ]
+                if args.prefilter is not None:
+                    cmd += ["--prefilter-endpoints", str(args.prefilter)]
                 try:
                     async with _server(cmd, settle_s=1.0 + count / 200) as port:
                         rows.append(await _measure("picker", count, size, port, bodies, args))

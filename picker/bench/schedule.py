@@ -2,8 +2,9 @@
 
 Runs the production ``Scheduler`` (picker's default configuration, or ``--config FILE``) on parsed requests
 against N endpoints with varied scraped metrics, including ``pre_request`` (the prefix index learning the pick), and
-prints µs per cycle (median of ``--repeat`` timings). The part of picker's per-request cost that grows with the
-endpoint count and the prompt length; ``picker bench overhead`` measures the whole request over real gRPC.
+prints µs per cycle (median of ``--repeat`` timings); ``--prefilter`` as ``picker serve --prefilter-endpoints``.
+The part of picker's per-request cost that grows with the endpoint count and the prompt length; ``picker bench
+overhead`` measures the whole request over real gRPC.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from picker.request.parse import parse_request
 from picker.scheduling.config import load_config
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
+from picker.settings import Settings
 
-__all__ = ["configure", "run"]
+__all__ = ["bench_endpoints", "configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="4096,225280", help="prompt sizes in bytes (comma list)")
     parser.add_argument("--cycles", type=int, default=2000, help="cycles per timing")
     parser.add_argument("--repeat", type=int, default=5, help="timings per configuration (the median is shown)")
+    parser.add_argument(
+        "--prefilter",
+        type=int,
+        default=Settings().prefilter_endpoints,
+        help="--prefilter-endpoints of the scheduler (0: off; default: picker serve's)",
+    )
     parser.add_argument("--config", default=None, help="EndpointPickerConfig file (default: picker's default)")
 
 
@@ -44,17 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
     ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0))
-    scheduler = Scheduler(load_config(config_text, ctx), ctx)
-    now = time.monotonic()
-    endpoints = [
-        Endpoint(
-            key=f"10.{i // 250}.{i % 250}.1:8000",
-            address=f"10.{i // 250}.{i % 250}.1",
-            port=8000,
-            metrics=EndpointMetrics(waiting=i % 7, running=i % 5, kv_usage=(i % 10) / 10, updated_at=now),
-        )
-        for i in range(count)
-    ]
+    scheduler = Scheduler(load_config(config_text, ctx), ctx, prefilter_k=args.prefilter)
+    endpoints = bench_endpoints(count, now=time.monotonic())
     requests = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(size)]
 
     def cycles(n: int) -> None:
@@ -69,3 +68,16 @@ def _measure(count: int, size: int, config_text: str | None, args: argparse.Name
         cycles(args.cycles)
         timings.append((time.perf_counter() - started) / args.cycles * 1e6)
     return float(statistics.median(timings))
+
+
+def bench_endpoints(count: int, *, now: float) -> list[Endpoint]:
+    """``count`` endpoints with varied scraped metrics (sampled at ``now``)."""
+    return [
+        Endpoint(
+            key=f"10.{i // 250}.{i % 250}.1:8000",
+            address=f"10.{i // 250}.{i % 250}.1",
+            port=8000,
+            metrics=EndpointMetrics(waiting=i % 7, running=i % 5, kv_usage=(i % 10) / 10, updated_at=now),
+        )
+        for i in range(count)
+    ]

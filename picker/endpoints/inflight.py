@@ -7,7 +7,7 @@ phases). Release is idempotent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -101,6 +101,10 @@ class InflightTracker:
     def load(self, endpoint_key: str) -> EndpointLoad:
         """The current load (a zero load for an endpoint never seen). Do not mutate the result."""
         return self._loads.get(endpoint_key) or _ZERO
+
+    def loads(self) -> Mapping[str, EndpointLoad]:
+        """Endpoint key → its load, for every endpoint with state (the native pre-filter reads it). Read only."""
+        return self._loads
 
     def requests(self, endpoint_key: str) -> int:
         load = self._loads.get(endpoint_key)

@@ -92,6 +92,8 @@ class EndpointSnapshot:
     version: int = 0
     synced: bool = False  # discovery has completed its first sync
     _by_key: Mapping[str, Endpoint] = field(default_factory=dict, init=False, compare=False, repr=False)
+    # candidates(), computed on first use: asked once per request, and a snapshot never changes
+    _candidates: tuple[Endpoint, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_key", {e.key: e for e in self.endpoints})
@@ -107,6 +109,10 @@ class EndpointSnapshot:
 
     def candidates(self) -> tuple[Endpoint, ...]:
         """Endpoints fit to schedule: neither excluded nor ejected; else the non-excluded ones; else all of them."""
-        fresh = tuple(e for e in self.endpoints if not e.excluded)
-        healthy = tuple(e for e in fresh if not e.ejected)
-        return healthy or fresh or self.endpoints
+        found = self._candidates
+        if found is None:
+            fresh = tuple(e for e in self.endpoints if not e.excluded)
+            healthy = tuple(e for e in fresh if not e.ejected)
+            found = healthy or fresh or self.endpoints
+            object.__setattr__(self, "_candidates", found)
+        return found

@@ -137,6 +137,28 @@ class PluginContext:
         n = self.inflight.requests(key)
         return n if self.peers is None else n + self.peers.requests(key, self.clock())
 
+    def server_requests(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """``server_load(e).requests`` for each endpoint, in order (a scorer's loop, without an object each)."""
+        if self.peers is not None:  # the peers' counts join picker's own first: the exact path
+            return [self.server_load(e).requests for e in endpoints]
+        return serverload.requests_of(endpoints, self.inflight.load, self.clock(), self.metrics_max_age_s)
+
+    def server_tokens(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """``server_load(e).tokens(request_tokens, decode_tokens)`` for each endpoint, in order, foreign requests
+        weighed at picker's averages (``InflightTracker.request_tokens`` / ``decode_tokens``)."""
+        inflight = self.inflight
+        if self.peers is not None:  # the peers' counts join picker's own first: the exact path
+            per_request, per_decode = inflight.request_tokens, inflight.decode_tokens
+            return [self.server_load(e).tokens(per_request, per_decode) for e in endpoints]
+        return serverload.tokens_of(
+            endpoints,
+            inflight.load,
+            self.clock(),
+            inflight.request_tokens,
+            inflight.decode_tokens,
+            self.metrics_max_age_s,
+        )
+
     def metrics_age_s(self, endpoint: Endpoint) -> float:
         """Seconds since ``endpoint``'s metrics were last scraped successfully; ``math.inf`` if never."""
         updated_at = endpoint.metrics.updated_at

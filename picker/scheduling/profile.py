@@ -6,7 +6,8 @@ weight for that scorer, and summed per endpoint. The run records each scorer's c
 
 User plugins come wrapped by ``isolation``: the profile calls their guarded methods, and a dropped call is
 recorded in the run's ``dropped`` (a scorer adds nothing, a filter filters nothing, a picker is replaced by
-its fallback). Built-in plugins are called directly.
+its fallback). Built-in plugins are called directly. After the filters, a ``Prefilter`` (the scheduler's, for
+large pools) may cut the candidates to the least loaded and the prefix holders before any scorer runs.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from picker.scheduling.framework import (
     Scores,
 )
 from picker.scheduling.isolation import Dropped, GuardedFilter, GuardedPicker, GuardedScorer
+from picker.scheduling.prefilter import Prefilter
 from picker.scheduling.scores import KeyedScores, ScoreVector
 
 __all__ = ["Profile", "ProfileOutcome", "RankedPicker", "WeightedScorer"]
 
 FILTER, SCORER, PICKER = "Filter", "Scorer", "Picker"
+PREFILTER = "prefilter"  # the explanation's "filtered" entry when the large-pool pre-filter cut the candidates
 
 
 @runtime_checkable
@@ -84,6 +87,7 @@ class Profile:
         candidates: Sequence[Endpoint],
         cycle: CycleState,
         timings: list[PluginTiming],
+        prefilter: Prefilter | None = None,
     ) -> ProfileOutcome:
         endpoints = candidates
         filtered: dict[str, tuple[str, ...]] = {}
@@ -105,6 +109,9 @@ class Profile:
                 why = f"filter {f.name!r} ({f.type}) left no endpoints in profile {self.name!r}"
                 return ProfileOutcome(self._run([e.key for e in candidates], {}, [], None, filtered, dropped), why)
 
+        if prefilter is not None and len(endpoints) > prefilter.k:
+            endpoints = prefilter.apply(req, endpoints, cycle)
+            filtered[PREFILTER] = tuple(e.key for e in endpoints)
         keys = [e.key for e in endpoints]
         totals = [0.0] * len(endpoints)
         scores: dict[str, Mapping[str, float]] = {}

@@ -37,6 +37,7 @@ from picker.scheduling.framework import (
     SchedulingResult,
 )
 from picker.scheduling.isolation import Dropped, Guard, GuardedPlugin
+from picker.scheduling.prefilter import Prefilter, PrefixHolders
 
 __all__ = ["NO_CANDIDATES", "Scheduler"]
 
@@ -86,7 +87,9 @@ def _hooks(plugins: Sequence[object], protocol: type, method: str, point: str) -
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, ctx: PluginContext) -> None:
+    def __init__(self, config: SchedulerConfig, ctx: PluginContext, *, prefilter_k: int = 0) -> None:
+        """``prefilter_k`` > 0: profiles score at most that many least loaded candidates plus the prefix holders
+        (``scheduling.prefilter``); 0 scores every candidate."""
         self.config = config
         self._ctx = ctx
         self._handler = config.profile_handler
@@ -103,6 +106,8 @@ class Scheduler:
         self._response_headers = _hooks(plugins, ResponseHeaders, "response_headers", RESPONSE_HEADERS)
         self._request_headers = _hooks(plugins, RequestHeaders, "request_headers", REQUEST_HEADERS)
         self._known_keys: frozenset[str] | None = None
+        holders = [p for p in plugins if not isinstance(p, GuardedPlugin) and isinstance(p, PrefixHolders)]
+        self._prefilter = Prefilter(prefilter_k, ctx, holders) if prefilter_k > 0 else None
 
     def schedule(self, req: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult:
         """Choose the destination of ``req`` among ``candidates`` (already subset-filtered).
@@ -131,7 +136,7 @@ class Scheduler:
                 profile = profiles.get(name)
                 if profile is None:
                     raise errors.Internal(f"profile handler {handler.name!r} picked unknown profile {name!r}")
-                outcome = profile.run(req, candidates, cycle, timings)
+                outcome = profile.run(req, candidates, cycle, timings, self._prefilter)
                 runs.append(outcome.run)
                 results[name] = outcome.run.result
                 if outcome.failure is not None:

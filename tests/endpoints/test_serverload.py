@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from picker.endpoints.inflight import InflightTracker
+from picker.endpoints import serverload
+from picker.endpoints.inflight import EndpointLoad, InflightTracker
 from picker.endpoints.serverload import ServerLoad, estimate
 from tests.conftest import endpoint
 
@@ -69,3 +72,31 @@ def test_stale_or_missing_samples_leave_the_ledger_alone(age: float) -> None:
     assert (load.foreign_requests, load.kv_usage) == (0.0, 0.0)
     never = endpoint(2, waiting=50, updated_at=0.0)
     assert not estimate(never, InflightTracker().load(never.key), NOW).fresh
+
+
+def test_the_columnar_loops_equal_estimate_on_random_pools() -> None:
+    rng = random.Random(11)
+    now = 1000.0
+    for _ in range(300):
+        eps = [
+            endpoint(
+                i,
+                waiting=rng.randrange(0, 9),
+                running=rng.randrange(0, 9),
+                kv=rng.random(),
+                updated_at=rng.choice([0.0, now - 5.0, now - 2.0, now - 0.5, now]),
+                own_requests=rng.choice([None, 0, 1, 3]),
+            )
+            for i in range(1, rng.randrange(1, 12))
+        ]
+        loads = {e.key: EndpointLoad(requests=rng.randrange(0, 6), tokens=rng.randrange(0, 5000)) for e in eps[::2]}
+
+        def load(key: str, loads: dict[str, EndpointLoad] = loads) -> EndpointLoad:
+            return loads.get(key) or EndpointLoad()
+
+        per_request, per_decode = rng.uniform(1, 3000), rng.uniform(1, 500)
+        expected = [estimate(e, load(e.key), now) for e in eps]
+        assert serverload.requests_of(eps, load, now) == [x.requests for x in expected]
+        assert serverload.tokens_of(eps, load, now, per_request, per_decode) == [
+            x.tokens(per_request, per_decode) for x in expected
+        ]

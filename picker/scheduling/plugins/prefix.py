@@ -56,6 +56,7 @@ from picker.plugins import (
     ResponseInfo,
     SchedulingResult,
 )
+from picker.scheduling import native
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
@@ -165,6 +166,7 @@ class PrefixCacheScorer:
         # Set by a peer exchange (picker.peers): told (name, endpoint key, block bytes, hashes) of every placement
         # this scorer learns from this replica's own picks.
         self.on_learn: Callable[[str, str, int, Sequence[int]], None] | None = None
+        self._holders_key = f"{self._state_key}/holders"
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -194,8 +196,8 @@ class PrefixCacheScorer:
 
     def match(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> PrefixMatch:
         """The request's match against the index; also left in ``cycle`` for later plugins."""
-        blocks = self._blocks(req, endpoints, cycle)
-        counts = self.index.match(blocks.hashes) if blocks.hashes else {}
+        counts = self.prefix_holders(req, endpoints, cycle)
+        blocks: _Blocks = cycle[self._state_key]
         if counts:  # only candidates count: an endpoint filtered out does not make the request warm
             counts = {e.key: n for e in endpoints if (n := counts.get(e.key, 0))}
         found = PrefixMatch(
@@ -204,6 +206,18 @@ class PrefixCacheScorer:
         cycle[self._match_key] = found
         cycle[MATCH_STATE] = found
         return found
+
+    def prefix_holders(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> dict[str, int]:
+        """Every endpoint key in the index → blocks it holds along the request's walk (the large-pool pre-filter
+        keeps these); computed once per cycle and block size. Do not mutate the result."""
+        blocks = self._blocks(req, endpoints, cycle)
+        cached = cycle.get(self._holders_key)
+        if cached is not None and cached[0] is blocks:
+            held: dict[str, int] = cached[1]
+            return held
+        held = self.index.match(blocks.hashes) if blocks.hashes else {}
+        cycle[self._holders_key] = (blocks, held)
+        return held
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
         if not result.targets:
@@ -246,7 +260,7 @@ class PrefixCacheScorer:
         if ctx is None or not endpoints:
             return
         params = self.params
-        loads = [ctx.server_load(e).requests for e in endpoints]
+        loads = native.server_requests(ctx, endpoints)
         cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(endpoints)), params.load_cap_floor)
         for i, n in enumerate(loads):
             if n + 1 > cap:

@@ -12,21 +12,29 @@ collection walk half a million containers (~0.2 s pauses at 16 endpoints, measur
 inserts a request's hashes from last to first, so a prefix's first blocks are the most recently used and are
 evicted after their extensions (the match walk stops at the first hash nobody holds, so an evicted first
 block would hide every later one).
+
+Native speed: ``prefix_hashes`` and the match walk run in ``picker.scheduling._native`` (a small C extension that
+``scripts/install.sh`` builds; ``scheduling.native``) unless ``PICKER_NATIVE=0``. The pure-Python
+``py_prefix_hashes`` and ``py_match`` define the results and are the fallback;
+``tests/scheduling/plugins/test_native.py`` checks both equal on randomized inputs.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import xxhash
 
-__all__ = ["PrefixIndex", "prefix_hashes"]
+from picker.scheduling import native
+
+__all__ = ["PrefixIndex", "prefix_hashes", "py_match", "py_prefix_hashes"]
 
 _xxh64 = xxhash.xxh64_intdigest
 
 
-def prefix_hashes(text: str, block_bytes: int, max_blocks: int, model: str, salt: str = "") -> tuple[int, ...]:
+def py_prefix_hashes(text: str, block_bytes: int, max_blocks: int, model: str, salt: str = "") -> tuple[int, ...]:
     """The chained block hashes of ``text`` (empty when it is shorter than one block)."""
     data = text.encode()
     n = len(data)
@@ -42,6 +50,33 @@ def prefix_hashes(text: str, block_bytes: int, max_blocks: int, model: str, salt
         prev = _xxh64(data[start : start + block_bytes] + prev.to_bytes(8, "little"))
         out.append(prev)
     return tuple(out)
+
+
+def py_match(holders_of: dict[int, str | set[str]], hashes: Sequence[int]) -> dict[str, int]:
+    """Endpoint key → blocks it holds, walking ``hashes`` until one that no endpoint holds."""
+    counts: dict[str, int] = {}
+    for h in hashes:
+        holders = holders_of.get(h)
+        if holders is None:
+            break
+        if type(holders) is str:
+            counts[holders] = counts.get(holders, 0) + 1
+        else:
+            for key in holders:
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class _Hasher(Protocol):
+    def __call__(self, text: str, block_bytes: int, max_blocks: int, model: str, salt: str = "") -> tuple[int, ...]: ...
+
+
+prefix_hashes: _Hasher
+_match: Callable[[dict[int, str | set[str]], Sequence[int]], dict[str, int]]
+if native.module is not None:
+    prefix_hashes, _match = native.module.prefix_hashes, native.module.match
+else:
+    prefix_hashes, _match = py_prefix_hashes, py_match
 
 
 class PrefixIndex:
@@ -65,18 +100,7 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Endpoint key → blocks it holds, walking from the first hash until one that no endpoint holds."""
-        counts: dict[str, int] = {}
-        holders_of = self._holders
-        for h in hashes:
-            holders = holders_of.get(h)
-            if holders is None:
-                break
-            if type(holders) is str:
-                counts[holders] = counts.get(holders, 0) + 1
-            else:
-                for key in holders:
-                    counts[key] = counts.get(key, 0) + 1
-        return counts
+        return _match(self._holders, hashes)
 
     def add(self, key: str, hashes: Sequence[int], capacity: int | None = None) -> None:
         """Record that endpoint ``key`` now holds ``hashes``; evict its least recently used beyond capacity."""

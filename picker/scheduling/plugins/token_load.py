@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
+from picker.scheduling import native
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
 from picker.scheduling.scores import ScoreVector
@@ -64,13 +65,10 @@ class TokenLoadScorer:
         threshold = self._threshold
         match = cycle.get(MATCH_STATE)
         prompt = float(req.prompt_tokens)
-        in_flight: list[int] | list[float]
-        if self._blended:
-            ctx = self._ctx
-            per_request, per_decode = ctx.inflight.request_tokens, ctx.inflight.decode_tokens
-            in_flight = [ctx.server_load(e).tokens(per_request, per_decode) for e in endpoints]
-        else:
-            in_flight = self._ctx.ledger_tokens(endpoints)
+        ctx = self._ctx
+        in_flight: list[int] | list[float] = (
+            native.server_tokens(ctx, endpoints) if self._blended else ctx.ledger_tokens(endpoints)
+        )
         if isinstance(match, PrefixMatch):
             loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]
         else:

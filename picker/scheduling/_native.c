@@ -1,0 +1,463 @@
+/* picker.scheduling._native: the prefix index's per-request loops at C speed.
+ *
+ * Optional: setup.py builds it when a C compiler and Python's headers are there; otherwise
+ * picker/scheduling/plugins/prefix_index.py uses its pure-Python twins, which define the results
+ * (tests/scheduling/test_native.py checks both equal on randomized inputs).
+ *
+ *   prefix_hashes(text, block_bytes, max_blocks, model, salt="") -> tuple[int, ...]
+ *       h0 = xxh64(utf8(model) || utf8(salt)), hi = xxh64(block_i || le64(h(i-1))), seed 0; the text's UTF-8
+ *       bytes cut into blocks of block_bytes (the last may be partial), at most max_blocks; () when shorter
+ *       than one block.
+ *   match(holders, hashes) -> dict[str, int]
+ *       walks ``hashes`` until one that ``holders`` (hash -> str | set[str]) lacks, counting blocks per key.
+ *   tokens_of(...), select(...): the large-pool pre-filter's pass (picker/scheduling/prefilter.py), below.
+ *
+ * XXH64 below is the scalar algorithm of the xxHash specification (Yann Collet, BSD-2-Clause),
+ * doc/xxhash_spec.md, written out here so the build needs nothing but the compiler.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define P1 0x9E3779B185EBCA87ULL
+#define P2 0xC2B2AE3D27D4EB4FULL
+#define P3 0x165667B19E3779F9ULL
+#define P4 0x85EBCA77C2B2AE63ULL
+#define P5 0x27D4EB2F165667C5ULL
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t read64(const unsigned char *p) {
+    /* little-endian regardless of the host */
+    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24) |
+           ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
+}
+
+static inline uint32_t read32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline uint64_t xround(uint64_t acc, uint64_t input) {
+    acc += input * P2;
+    acc = rotl64(acc, 31);
+    return acc * P1;
+}
+
+static inline uint64_t merge(uint64_t acc, uint64_t val) {
+    acc ^= xround(0, val);
+    return acc * P1 + P4;
+}
+
+static uint64_t xxh64(const unsigned char *p, size_t len, uint64_t seed) {
+    const unsigned char *end = p + len;
+    uint64_t h;
+    if (len >= 32) {
+        const unsigned char *limit = end - 32;
+        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+        do {
+            v1 = xround(v1, read64(p));
+            v2 = xround(v2, read64(p + 8));
+            v3 = xround(v3, read64(p + 16));
+            v4 = xround(v4, read64(p + 24));
+            p += 32;
+        } while (p <= limit);
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = merge(h, v1);
+        h = merge(h, v2);
+        h = merge(h, v3);
+        h = merge(h, v4);
+    } else {
+        h = seed + P5;
+    }
+    h += (uint64_t)len;
+    while (p + 8 <= end) {
+        h ^= xround(0, read64(p));
+        h = rotl64(h, 27) * P1 + P4;
+        p += 8;
+    }
+    if (p + 4 <= end) {
+        h ^= (uint64_t)read32(p) * P1;
+        h = rotl64(h, 23) * P2 + P3;
+        p += 4;
+    }
+    while (p < end) {
+        h ^= (uint64_t)(*p) * P5;
+        h = rotl64(h, 11) * P1;
+        p++;
+    }
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+static PyObject *prefix_hashes(PyObject *self, PyObject *args) {
+    PyObject *text, *model, *salt = NULL;
+    Py_ssize_t block_bytes, max_blocks;
+    if (!PyArg_ParseTuple(args, "UnnU|U:prefix_hashes", &text, &block_bytes, &max_blocks, &model, &salt)) {
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *data = PyUnicode_AsUTF8AndSize(text, &n); /* cached by the str; no copy for ASCII */
+    if (data == NULL) return NULL;
+    if (n < block_bytes || block_bytes <= 0 || max_blocks <= 0) return PyTuple_New(0);
+    if (n / block_bytes >= max_blocks) n = block_bytes * max_blocks; /* no overflow: n >= block_bytes here */
+
+    Py_ssize_t model_n, salt_n = 0;
+    const char *model_s = PyUnicode_AsUTF8AndSize(model, &model_n);
+    if (model_s == NULL) return NULL;
+    const char *salt_s = "";
+    if (salt != NULL && (salt_s = PyUnicode_AsUTF8AndSize(salt, &salt_n)) == NULL) return NULL;
+
+    size_t seed_n = (size_t)model_n + (size_t)salt_n;
+    size_t buf_n = (size_t)block_bytes + 8;
+    unsigned char *buf = PyMem_Malloc(buf_n > seed_n ? buf_n : (seed_n ? seed_n : 1));
+    if (buf == NULL) return PyErr_NoMemory();
+    memcpy(buf, model_s, (size_t)model_n);
+    memcpy(buf + model_n, salt_s, (size_t)salt_n);
+    uint64_t prev = xxh64(buf, seed_n, 0);
+
+    Py_ssize_t count = (n + block_bytes - 1) / block_bytes;
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) {
+        PyMem_Free(buf);
+        return NULL;
+    }
+    const unsigned char *src = (const unsigned char *)data;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t start = i * block_bytes;
+        size_t len = (size_t)((n - start) < block_bytes ? (n - start) : block_bytes);
+        memcpy(buf, src + start, len);
+        for (int b = 0; b < 8; b++) buf[len + b] = (unsigned char)(prev >> (8 * b));
+        prev = xxh64(buf, len + 8, 0);
+        PyObject *value = PyLong_FromUnsignedLongLong(prev);
+        if (value == NULL) {
+            PyMem_Free(buf);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, value);
+    }
+    PyMem_Free(buf);
+    return out;
+}
+
+static int bump(PyObject *counts, PyObject *key) {
+    PyObject *old = PyDict_GetItemWithError(counts, key); /* borrowed */
+    if (old == NULL && PyErr_Occurred()) return -1;
+    long value = old == NULL ? 1 : PyLong_AsLong(old) + 1;
+    if (value == 0 && PyErr_Occurred()) return -1;
+    PyObject *now = PyLong_FromLong(value);
+    if (now == NULL) return -1;
+    int rc = PyDict_SetItem(counts, key, now);
+    Py_DECREF(now);
+    return rc;
+}
+
+static PyObject *match(PyObject *self, PyObject *args) {
+    PyObject *holders_of, *hashes;
+    if (!PyArg_ParseTuple(args, "O!O:match", &PyDict_Type, &holders_of, &hashes)) return NULL;
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *counts = PyDict_New();
+    if (counts == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *holders = PyDict_GetItemWithError(holders_of, items[i]); /* borrowed */
+        if (holders == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        if (PyUnicode_CheckExact(holders)) {
+            if (bump(counts, holders) < 0) goto fail;
+            continue;
+        }
+        PyObject *it = PyObject_GetIter(holders);
+        if (it == NULL) goto fail;
+        PyObject *key;
+        while ((key = PyIter_Next(it)) != NULL) {
+            int rc = bump(counts, key);
+            Py_DECREF(key);
+            if (rc < 0) {
+                Py_DECREF(it);
+                goto fail;
+            }
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) goto fail;
+    }
+    Py_DECREF(seq);
+    return counts;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(counts);
+    return NULL;
+}
+
+/* tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, requests=False) -> list[float] | None
+ * picker.endpoints.serverload.tokens_of (requests: requests_of) with ``load`` = loads.get (a dict key ->
+ * EndpointLoad; absent: zero), the same double arithmetic in the same order. None when a value is not the int/float it should be (then the
+ * caller runs the Python loop). */
+
+/* Attribute reads of the slotted dataclasses (Endpoint, EndpointMetrics, EndpointLoad) without the generic
+ * lookup: per attribute name, the exact type last seen and its slot's offset (the type is kept alive while
+ * cached). Any other type, or an attribute that is not a plain slot, goes through PyObject_GetAttr. */
+typedef struct {
+    PyObject *name;
+    PyTypeObject *type;
+    Py_ssize_t offset;
+} slot_t;
+
+static slot_t a_key, a_metrics, a_updated_at, a_waiting, a_running, a_own_requests, a_requests, a_tokens;
+
+static PyObject *attr(PyObject *obj, slot_t *slot) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (slot->type != type) {
+        PyObject *d = _PyType_Lookup(type, slot->name); /* borrowed */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+            return PyObject_GetAttr(obj, slot->name);
+        }
+        Py_XDECREF(slot->type);
+        Py_INCREF(type);
+        slot->type = type;
+        slot->offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    PyObject *v = *(PyObject **)((char *)obj + slot->offset);
+    if (v == NULL) return PyObject_GetAttr(obj, slot->name); /* unset: the AttributeError */
+    Py_INCREF(v);
+    return v;
+}
+
+static int get_ll(PyObject *obj, slot_t *name, long long *out) {
+    PyObject *v = attr(obj, name);
+    if (v == NULL) return -1;
+    if (!PyLong_CheckExact(v)) {
+        Py_DECREF(v);
+        return 1;
+    }
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    Py_DECREF(v);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    return overflow || *out > (1LL << 52) || *out < -(1LL << 52) ? 1 : 0; /* exact as a double */
+}
+
+static PyObject *tokens_of(PyObject *self, PyObject *args) {
+    PyObject *endpoints, *loads;
+    double now, rt, dt, max_age;
+    int requests = 0;
+    if (!PyArg_ParseTuple(args, "OO!dddd|p:tokens_of", &endpoints, &PyDict_Type, &loads, &now, &rt, &dt, &max_age,
+                          &requests)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = items[i];
+        long long own_requests = 0, own_tokens = 0, waiting, running, own_then;
+        int rc;
+        PyObject *key = attr(e, &a_key);
+        if (key == NULL) goto fail;
+        PyObject *own = PyDict_GetItemWithError(loads, key); /* borrowed */
+        Py_DECREF(key);
+        if (own == NULL && PyErr_Occurred()) goto fail;
+        if (own != NULL) {
+            if ((rc = get_ll(own, &a_requests, &own_requests)) != 0) goto rc_fail;
+            if ((rc = get_ll(own, &a_tokens, &own_tokens)) != 0) goto rc_fail;
+        }
+        PyObject *m = attr(e, &a_metrics);
+        if (m == NULL) goto fail;
+        PyObject *updated_obj = attr(m, &a_updated_at);
+        if (updated_obj == NULL || !PyFloat_CheckExact(updated_obj)) {
+            Py_XDECREF(updated_obj);
+            Py_DECREF(m);
+            rc = updated_obj == NULL ? -1 : 1;
+            goto rc_fail;
+        }
+        double updated = PyFloat_AS_DOUBLE(updated_obj);
+        Py_DECREF(updated_obj);
+        double value;
+        if (updated <= 0.0 || now - updated > max_age) {
+            value = requests ? (double)own_requests + 0.0 : (double)own_tokens + 0.0 * rt + 0.0 * dt;
+        } else {
+            rc = get_ll(m, &a_waiting, &waiting);
+            if (rc == 0) rc = get_ll(m, &a_running, &running);
+            if (rc != 0) {
+                Py_DECREF(m);
+                goto rc_fail;
+            }
+            PyObject *then = attr(m, &a_own_requests);
+            if (then == NULL) {
+                Py_DECREF(m);
+                goto fail;
+            }
+            if (then == Py_None) {
+                own_then = own_requests;
+            } else {
+                rc = get_ll(m, &a_own_requests, &own_then);
+                if (rc != 0) {
+                    Py_DECREF(then);
+                    Py_DECREF(m);
+                    goto rc_fail;
+                }
+            }
+            Py_DECREF(then);
+            long long reported = waiting + running;
+            long long foreign = reported - own_then;
+            if (foreign <= 0) {
+                value = requests ? (double)own_requests + 0.0 : (double)own_tokens + 0.0 * rt + 0.0 * dt;
+            } else {
+                double w = (double)(foreign * waiting) / (double)reported;
+                value = requests ? (double)own_requests + (w + ((double)foreign - w))
+                                 : (double)own_tokens + w * rt + ((double)foreign - w) * dt;
+            }
+        }
+        Py_DECREF(m);
+        PyObject *f = PyFloat_FromDouble(value);
+        if (f == NULL) goto fail;
+        PyList_SET_ITEM(out, i, f);
+        continue;
+    rc_fail:
+        if (rc < 0) goto fail;
+        Py_DECREF(out);
+        Py_DECREF(seq);
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* select(endpoints, loads, k, held) -> list: the endpoints whose load is among the k smallest (ties: the
+ * earlier; as sorted(range(n), key=loads.__getitem__)[:k]) or whose key is in ``held``, in their order. */
+/* The value that would be at index ``want`` of ``a`` sorted ascending (Hoare's quickselect; reorders ``a``). */
+static double nth(double *a, Py_ssize_t n, Py_ssize_t want) {
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        double pivot = a[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) {
+                double t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j) {
+            hi = j;
+        } else if (want >= i) {
+            lo = i;
+        } else {
+            return a[want];
+        }
+    }
+    return a[want];
+}
+
+static PyObject *select_(PyObject *self, PyObject *args) {
+    PyObject *endpoints, *loads_obj, *held;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OO!nO:select", &endpoints, &PyList_Type, &loads_obj, &k, &held)) return NULL;
+    PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (PyList_GET_SIZE(loads_obj) != n) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "one load per endpoint");
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    double *loads = PyMem_Malloc(sizeof(double) * (size_t)(n ? 2 * n : 1));
+    if (loads == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    double *sorted = loads + n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = PyFloat_AsDouble(PyList_GET_ITEM(loads_obj, i));
+        if (v == -1.0 && PyErr_Occurred()) goto fail;
+        if (v != v) { /* NaN: sorted() order is not defined by value; leave it to Python */
+            PyMem_Free(loads);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        loads[i] = sorted[i] = v;
+    }
+    /* the k-th smallest value; those below it are kept, and of those equal to it the first few */
+    Py_ssize_t below = 0, at_quota = 0;
+    double kth = 0.0;
+    if (k > 0 && n > 0) {
+        kth = nth(sorted, n, (k < n ? k : n) - 1);
+        for (Py_ssize_t i = 0; i < n; i++) below += loads[i] < kth;
+        at_quota = (k < n ? k : n) - below;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) goto fail;
+    int use_held = held != Py_None && PyObject_Size(held) > 0;
+    if (PyErr_Occurred()) goto fail_out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int keep = 0;
+        if (k > 0 && loads[i] < kth) {
+            keep = 1;
+        } else if (k > 0 && loads[i] == kth && at_quota > 0) {
+            keep = 1;
+            at_quota--;
+        } else if (use_held) {
+            PyObject *key = attr(items[i], &a_key);
+            if (key == NULL) goto fail_out;
+            keep = PySequence_Contains(held, key);
+            Py_DECREF(key);
+            if (keep < 0) goto fail_out;
+        }
+        if (keep && PyList_Append(out, items[i]) < 0) goto fail_out;
+    }
+    PyMem_Free(loads);
+    Py_DECREF(seq);
+    return out;
+fail_out:
+    Py_DECREF(out);
+fail:
+    PyMem_Free(loads);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"tokens_of", tokens_of, METH_VARARGS, "Estimated in-flight tokens per endpoint (serverload.tokens_of)."},
+    {"select", select_, METH_VARARGS, "The k least loaded endpoints and the prefix holders, in order."},
+    {"prefix_hashes", prefix_hashes, METH_VARARGS, "The chained xxh64 block hashes of a prompt."},
+    {"match", match, METH_VARARGS, "Blocks per endpoint key along a prefix walk."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "picker's native hot path.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    slot_t *slots[] = {&a_key, &a_metrics, &a_updated_at, &a_waiting, &a_running, &a_own_requests, &a_requests,
+                       &a_tokens};
+    const char *names[] = {"key", "metrics", "updated_at", "waiting", "running", "own_requests", "requests", "tokens"};
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        if ((slots[i]->name = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    }
+    return PyModule_Create(&module);
+}

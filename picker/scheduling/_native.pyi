@@ -1,0 +1,19 @@
+from collections.abc import Container, Mapping, Sequence
+
+from picker.endpoints.inflight import EndpointLoad
+from picker.endpoints.model import Endpoint
+
+def prefix_hashes(text: str, block_bytes: int, max_blocks: int, model: str, salt: str = "") -> tuple[int, ...]: ...
+def match(holders: dict[int, str | set[str]], hashes: Sequence[int]) -> dict[str, int]: ...
+def tokens_of(
+    endpoints: Sequence[Endpoint],
+    loads: Mapping[str, EndpointLoad],
+    now: float,
+    request_tokens: float,
+    decode_tokens: float,
+    max_age_s: float,
+    requests: bool = False,
+) -> list[float] | None: ...
+def select(
+    endpoints: Sequence[Endpoint], loads: list[float], k: int, held: Container[str] | None
+) -> list[Endpoint] | None: ...

@@ -1,0 +1,59 @@
+"""Which native hot path is in use: ``picker.scheduling._native`` (a small C extension) or none.
+
+``scripts/install.sh`` builds the extension from ``picker/scheduling/_native.c`` (setup.py; optional: without a C
+compiler the install goes on). Every native function has a pure-Python twin that defines its result and is used
+when the extension is missing or ``PICKER_NATIVE=0``; tests check both equal on randomized inputs
+(tests/scheduling/plugins/test_native.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import ModuleType
+
+from picker.endpoints.model import Endpoint
+from picker.scheduling.framework import PluginContext
+
+__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens"]
+
+
+def load() -> ModuleType | None:
+    """The extension, or None when it is not built or ``PICKER_NATIVE`` is ``0``."""
+    if os.environ.get("PICKER_NATIVE", "1") == "0":
+        return None
+    try:
+        from picker.scheduling import _native
+    except ImportError:  # not built (no compiler at install): the pure-Python twins
+        return None
+    return _native
+
+
+module = load()
+NATIVE = module is not None  # whether the C extension is in use
+
+
+def server_tokens(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
+    """``ctx.server_tokens(endpoints)``, in C when the extension is in use."""
+    fast = module
+    if fast is not None and ctx.peers is None:  # with peers, their counts join picker's own: ctx's exact path
+        inflight = ctx.inflight
+        now, max_age_s = ctx.clock(), ctx.metrics_max_age_s
+        found: list[float] | None = fast.tokens_of(
+            endpoints, inflight.loads(), now, inflight.request_tokens, inflight.decode_tokens, max_age_s
+        )
+        if found is not None:
+            return found
+    return ctx.server_tokens(endpoints)
+
+
+def server_requests(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
+    """``ctx.server_requests(endpoints)``, in C when the extension is in use."""
+    fast = module
+    if fast is not None and ctx.peers is None:  # with peers, their counts join picker's own: ctx's exact path
+        found: list[float] | None = fast.tokens_of(
+            endpoints, ctx.inflight.loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, True
+        )
+        if found is not None:
+            return found
+    return ctx.server_requests(endpoints)

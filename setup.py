@@ -1,0 +1,18 @@
+"""Builds picker's optional native hot path (``picker.scheduling._native``); the rest is in pyproject.toml.
+
+The extension is optional: without a C compiler or Python's headers the install goes on and picker uses the
+pure-Python twins in ``picker/scheduling/plugins/prefix_index.py`` (docs/performance.md, issue 13).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "picker.scheduling._native",
+            ["picker/scheduling/_native.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],  # float results as Python computes them
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,227 @@
+"""The native hot path (``picker.scheduling._native``) against its pure-Python twins: equal on randomized inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+import xxhash
+
+from picker.bench.overhead import prompt_bodies
+from picker.bench.schedule import bench_endpoints
+from picker.endpoints import serverload
+from picker.endpoints.inflight import EndpointLoad
+from picker.endpoints.model import Endpoint
+from picker.request.parse import parse_request
+from picker.scheduling import native as scheduling_native
+from picker.scheduling.config import load_config
+from picker.scheduling.framework import CycleState
+from picker.scheduling.plugins import prefix, prefix_index
+from picker.scheduling.plugins.prefix_index import PrefixIndex, py_match, py_prefix_hashes
+from picker.scheduling.prefilter import Prefilter, py_select
+from picker.scheduling.scheduler import Scheduler
+from tests.conftest import endpoint
+from tests.scheduling.helpers import ctx
+
+native = pytest.importorskip("picker.scheduling._native", reason="C extension not built (no compiler at install)")
+
+REQUESTS = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(4096)]
+
+# ASCII, 2-, 3- and 4-byte UTF-8 characters: block cuts land inside characters too.
+ALPHABET = "abcdefghij KLMNOP 0123456789 .,\n\té ß ñ ü € 中文 字 🙂 🚀"
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(n))
+
+
+def test_xxh64_matches_the_xxhash_library_at_every_length() -> None:
+    # h0 = xxh64(model) over 0..199 bytes, h1 = xxh64(block ‖ le64(h0)) over 9..208: every stripe and tail path
+    for n in range(200):
+        model, text = "m" * n, "t" * (n + 1)
+        h0 = xxhash.xxh64_intdigest(model.encode())
+        expected = xxhash.xxh64_intdigest(text.encode() + h0.to_bytes(8, "little"))
+        assert native.prefix_hashes(text, n + 1, 1, model) == (expected,)
+
+
+def test_prefix_hashes_equal_on_random_prompts() -> None:
+    rng = random.Random(13)
+    for _ in range(2000):
+        text = _text(rng, rng.randrange(0, 700))
+        block = rng.choice([1, 3, 7, 16, 31, 64, 100, 257])
+        max_blocks = rng.choice([0, 1, 2, 5, 256, 10_000])
+        model = _text(rng, rng.randrange(0, 20))
+        salt = rng.choice(["", _text(rng, rng.randrange(1, 10))])
+        assert native.prefix_hashes(text, block, max_blocks, model, salt) == py_prefix_hashes(
+            text, block, max_blocks, model, salt
+        ), (text, block, max_blocks, model, salt)
+    assert native.prefix_hashes("abcd" * 40, 16, 256, "m") == py_prefix_hashes("abcd" * 40, 16, 256, "m")
+    assert native.prefix_hashes("abcd" * 40, 0, 256, "m") == py_prefix_hashes("abcd" * 40, 0, 256, "m") == ()
+
+
+def test_match_equal_on_random_indexes() -> None:
+    rng = random.Random(7)
+    keys = [f"10.0.0.{i}:8000" for i in range(12)]
+    for _ in range(200):
+        index = PrefixIndex(capacity_per_endpoint=rng.choice([5, 50, 500]))
+        prompts = [tuple(rng.randrange(1, 2**64) for _ in range(rng.randrange(1, 40))) for _ in range(8)]
+        for _ in range(rng.randrange(0, 30)):
+            chain = rng.choice(prompts)
+            index.add(rng.choice(keys), chain[: rng.randrange(1, len(chain) + 1)])
+        if rng.random() < 0.3:
+            index.retain(rng.sample(keys, rng.randrange(0, len(keys))))
+        holders = index._holders
+        for chain in prompts:
+            assert native.match(holders, chain) == py_match(holders, chain)
+            assert native.match(holders, list(chain)) == py_match(holders, chain)
+        assert native.match(holders, ()) == {}
+
+
+def test_the_module_uses_native_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (prefix_index.prefix_hashes is native.prefix_hashes) == scheduling_native.NATIVE
+    monkeypatch.setenv("PICKER_NATIVE", "0")
+    assert scheduling_native.load() is None
+    monkeypatch.setenv("PICKER_NATIVE", "1")
+    assert scheduling_native.load() is native
+
+
+def test_bad_arguments_raise_like_python() -> None:
+    with pytest.raises(TypeError):
+        native.prefix_hashes(b"bytes", 16, 256, "m")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        native.match([], (1, 2))  # type: ignore[arg-type]
+
+
+def test_the_default_scheduler_decides_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = REQUESTS
+    rng = random.Random(3)
+    order = [rng.randrange(len(requests)) for _ in range(300)]
+
+    def picks() -> list[str]:
+        c = ctx()
+        scheduler = Scheduler(load_config(None, c), c)
+        eps = bench_endpoints(24, now=c.clock())
+        out = []
+        for i in order:
+            result = scheduler.schedule(requests[i], eps)
+            scheduler.pre_request(requests[i], result)
+            out.append(result.targets[0].key)
+        return out
+
+    fast = picks()
+    monkeypatch.setattr(prefix, "prefix_hashes", py_prefix_hashes)
+    monkeypatch.setattr(prefix_index, "_match", py_match)
+    assert picks() == fast
+
+
+def _random_pool(rng: random.Random, n: int) -> list[Endpoint]:
+    now = 1000.0
+    return [
+        endpoint(
+            i,
+            waiting=rng.randrange(0, 9),
+            running=rng.randrange(0, 9),
+            updated_at=rng.choice([0.0, now - 5.0, now - 2.0, now - 0.5, now]),
+            own_requests=rng.choice([None, 0, 1, 3]),
+        )
+        for i in range(n)
+    ]
+
+
+def test_tokens_of_equals_the_python_loop_on_random_pools() -> None:
+    rng = random.Random(17)
+    for _ in range(300):
+        pool = _random_pool(rng, rng.randrange(0, 40))
+        loads = {
+            e.key: EndpointLoad(requests=rng.randrange(0, 6), tokens=rng.randrange(0, 50_000))
+            for e in pool
+            if rng.random() < 0.5
+        }
+        per_request, per_decode = rng.uniform(1, 3000), rng.uniform(1, 500)
+        now, max_age = 1000.0, rng.choice([1.0, 2.0, 10.0])
+
+        def load(key: str, loads: dict[str, EndpointLoad] = loads) -> EndpointLoad:
+            return loads.get(key) or EndpointLoad()
+
+        expected = serverload.tokens_of(pool, load, now, per_request, per_decode, max_age)
+        assert native.tokens_of(pool, loads, now, per_request, per_decode, max_age) == expected
+        requests = serverload.requests_of(pool, load, now, max_age)
+        assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, True) == requests
+
+
+def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
+    pool = [
+        endpoint(1),
+        dataclasses.replace(endpoint(2), metrics=dataclasses.replace(endpoint(2).metrics, waiting=1.5)),
+    ]
+    assert native.tokens_of(pool, {}, 1000.0, 1.0, 1.0, 2.0) is None  # type: ignore[arg-type]
+
+
+def test_select_equals_the_python_selection_on_random_loads() -> None:
+    rng = random.Random(19)
+    for _ in range(500):
+        n = rng.randrange(0, 60)
+        pool = [endpoint(i) for i in range(n)]
+        loads = [float(rng.choice([0, 1, 2, 3, 100, rng.random()])) for _ in range(n)]
+        k = rng.randrange(0, n + 3)
+        held = {e.key for e in pool if rng.random() < 0.1}
+        expected = py_select(pool, loads, k, held)
+        assert native.select(pool, loads, k, held) == expected
+        assert native.select(pool, loads, k, None) == py_select(pool, loads, k, ())
+    assert native.select([endpoint(1)], [math.nan], 1, None) is None
+    with pytest.raises(ValueError, match="one load per endpoint"):
+        native.select([endpoint(1)], [], 1, None)
+
+
+def test_the_prefilter_cuts_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(23)
+    c = ctx()
+    for _ in range(50):
+        pool = _random_pool(rng, 80)
+        for e in pool[::3]:
+            c.inflight.acquire(e.key, rng.randrange(1, 4000), 1000.0)
+        cut = Prefilter(16, c)
+        req = REQUESTS[0]
+        fast = cut.apply(req, pool, CycleState())
+        monkeypatch.setattr(scheduling_native, "module", None)
+        assert cut.apply(req, pool, CycleState()) == fast
+        monkeypatch.undo()
+
+
+def test_the_context_helpers_equal_the_plugin_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(29)
+    c = ctx()
+    pool = _random_pool(rng, 50)
+    for e in pool[::2]:
+        c.inflight.acquire(e.key, rng.randrange(1, 4000), 1000.0)
+    assert scheduling_native.server_tokens(c, pool) == c.server_tokens(pool)
+    assert scheduling_native.server_requests(c, pool) == c.server_requests(pool)
+    monkeypatch.setattr(scheduling_native, "module", None)
+    assert scheduling_native.server_tokens(c, pool) == c.server_tokens(pool)
+
+
+def test_with_peers_the_load_estimates_count_the_peers_in_flight_requests() -> None:
+    # The native loops know only picker's own ledger; with a peer exchange the peers' counts must join it first,
+    # so native.server_tokens / server_requests defer to PluginContext.server_load's exact path.
+    import random
+
+    from picker.endpoints.inflight import InflightTracker
+    from picker.endpoints.peerload import PeerLoads
+    from picker.plugins import PluginContext
+    from picker.scheduling import native as load_path
+    from tests.conftest import FakeClock, endpoint
+
+    clock = FakeClock()
+    peers = PeerLoads(ttl_s=5.0)
+    ctx = PluginContext(clock=clock, inflight=InflightTracker(), rng=random.Random(1), peers=peers)
+    # The poller notes picker's and its peers' in flight at each sample: 0 on the first server, the peer's 4 on
+    # the second.
+    eps = [endpoint(i, waiting=2, running=3, updated_at=clock.now, own_requests=n) for i, n in ((1, 0), (2, 4))]
+    ctx.inflight.acquire(eps[0].key, 500, clock.now)
+    peers.update(1, clock.now, {eps[1].key: (4, 4000)}, full=True)
+    per_request, per_decode = ctx.inflight.request_tokens, ctx.inflight.decode_tokens
+    assert load_path.server_tokens(ctx, eps) == [ctx.server_load(e).tokens(per_request, per_decode) for e in eps]
+    assert load_path.server_requests(ctx, eps) == [ctx.server_load(e).requests for e in eps]
+    assert load_path.server_requests(ctx, eps)[1] == 5  # the peer's 4 in flight explain 4 of the 5 reported
