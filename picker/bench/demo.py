@@ -36,10 +36,9 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -253,7 +252,7 @@ async def phase(
             timeout_s=60.0,
             seed=plan.seed,
         )
-        result = await _watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
+        result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
         for child in children:
             child.check()
         codes = [(child.name, await child.stop()) for child in reversed(children)]
@@ -266,23 +265,6 @@ async def phase(
         if rec.backend is not None:
             rec.backend = names.get(rec.backend, rec.backend)
     return result, list(names.values())
-
-
-async def _watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.Child]) -> LoadResult:
-    """Run the load while checking every child stays up; a child that exits fails the phase at once."""
-    task: asyncio.Task[LoadResult] = asyncio.ensure_future(load)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            for child in children:
-                child.check()
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def _envoy(

@@ -27,7 +27,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from picker.bench import envoy, lab_pd, lab_report, procs
+from picker.bench import stack as stack_procs
 from picker.bench import workloads as wl
 from picker.bench.lab_pd import Fleet
 from picker.bench.load import LoadResult, LoadSpec, run_load
@@ -273,7 +274,7 @@ async def _phase(
                 timeout_s=60.0,
                 seed=plan.seed,
             )
-            result = await _watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
+            result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
             stats = await _stats(servers)
             decisions = await _decision_counts(metrics_port)
             for child in children:
@@ -287,23 +288,6 @@ async def _phase(
         if rec.backend is not None:
             rec.backend = names.get(rec.backend, rec.backend)
     return _Phase(label, result, [s.name for s in servers], stats, decisions)
-
-
-async def _watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.Child]) -> LoadResult:
-    """Run the load while checking every child stays up; a child that exits fails the phase at once."""
-    task: asyncio.Task[LoadResult] = asyncio.ensure_future(load)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            for child in children:
-                child.check()
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 def _groups(servers: list[_Server]) -> list[list[_Server]]:

@@ -1,15 +1,18 @@
-"""The live stack's processes, shared by ``picker demo`` and ``picker bench bypass``: simulated servers and
-``picker serve``, each a child process (``procs.spawn``) that is stopped when its block exits."""
+"""The live stack's processes, shared by ``picker demo`` (also ``--pd``) and ``picker bench bypass``: simulated
+servers and ``picker serve``, each a child process (``procs.spawn``) that is stopped when its block exits, and
+``watched``, a load run that fails as soon as one of them dies."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any
 
 from picker.bench import procs
+from picker.bench.load import LoadResult
 
-__all__ = ["picker_serve", "sims"]
+__all__ = ["picker_serve", "sims", "watched"]
 
 
 @contextlib.asynccontextmanager
@@ -52,3 +55,20 @@ async def picker_serve(
         await child.wait_http(f"http://127.0.0.1:{metrics}/metrics", 30.0)
         await asyncio.sleep(0.3)  # a few scrapes: picker has seen every server
         yield child, grpc
+
+
+async def watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.Child]) -> LoadResult:
+    """Run the load while checking every child stays up; a child that exits fails the phase at once."""
+    task: asyncio.Task[LoadResult] = asyncio.ensure_future(load)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            for child in children:
+                child.check()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
