@@ -65,7 +65,19 @@ if TYPE_CHECKING:
 
     from picker.discovery.leaderelection import LeaderElector
 
-__all__ = ["Running", "configure", "parse_duration", "run", "serve", "serving", "settings_from_args"]
+__all__ = [
+    "Running",
+    "configure",
+    "load",
+    "metrics_authorizer",
+    "parse_duration",
+    "run",
+    "run_settings",
+    "serve",
+    "serving",
+    "settings_from_args",
+    "start_metrics",
+]
 
 log = logging.getLogger("picker")
 
@@ -190,6 +202,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "envoy", "nginx", "agentgateway"),
         default=srv.gateway_profile,
         help="the gateway's ext_proc dialect; auto tells Envoy from the NGINX Gateway Fabric shim by itself",
+    )
+    add(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve with N processes on the same ports, sharing in-flight and prefix state over the peer "
+        "exchange (0: as many as the container's CPU limit allows, 1 without a limit; picker/serve.py)",
     )
     add(
         "--prefilter-endpoints",
@@ -374,22 +394,30 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
+def load(args: argparse.Namespace) -> tuple[Settings, kubesettings.KubeSettings | None]:
+    """Flags → (Settings, KubeSettings or None). Raises ``errors.ConfigError``."""
+    settings = settings_from_args(args)
+    kube = kubesettings.settings_from_args(args)
+    if kube is not None and settings.static_endpoints:
+        raise errors.ConfigError("give --endpoints/--endpoints-file or --pool-name/--endpoint-selector, not both")
+    return settings, kube
+
+
 def run(args: argparse.Namespace) -> int:
+    """One picker process (``picker serve``; ``picker.serve`` runs several with ``--workers``)."""
     try:
-        settings = settings_from_args(args)
-        kube = kubesettings.settings_from_args(args)
+        settings, kube = load(args)
     except errors.ConfigError as exc:
         print(f"picker serve: {exc}", file=sys.stderr)
-        return 2
-    if kube is not None and settings.static_endpoints:
-        print(
-            "picker serve: give --endpoints/--endpoints-file or --pool-name/--endpoint-selector, not both",
-            file=sys.stderr,
-        )
         return 2
     logs.configure(settings.log_level, settings.log_format)
     for warning in compat.unhonoured(args):
         log.warning(warning)
+    return run_settings(settings, kube)
+
+
+def run_settings(settings: Settings, kube: kubesettings.KubeSettings | None) -> int:
+    """Serve until SIGTERM in a new event loop (uvloop's when installed). Logging must be configured."""
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(serve(settings, kube=kube))
@@ -517,7 +545,8 @@ async def serving(
         options=[
             ("grpc.max_receive_message_length", max_message + _MESSAGE_SLACK_BYTES),
             ("grpc.max_send_message_length", max_message + _MESSAGE_SLACK_BYTES),
-            ("grpc.so_reuseport", 0),  # a second picker on the same port must fail, not share it
+            # a second picker on the same port must fail, not share it; --workers share it on purpose
+            ("grpc.so_reuseport", int(server_settings.reuse_port)),
         ]
     )
     servicer.add_to_server(extproc, grpc_server)
@@ -528,14 +557,14 @@ async def serving(
         health.add_to_server(health_servicer, grpc_server)
     address = _address(server_settings.host, server_settings.grpc_port)
     grpc_port = _bind(grpc_server, address, credentials)
-    health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_server = grpc.aio.server(options=[("grpc.so_reuseport", int(server_settings.reuse_port))])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
     peer_node: PeerNode | None = None
     if peer_loads is not None:
         peer_node = PeerNode.create(
             peer_settings,
-            host=server_settings.host,
+            host=peer_settings.bind_host or server_settings.host,
             plugins=config.plugins,
             inflight=inflight,
             peer_loads=peer_loads,
@@ -557,10 +586,10 @@ async def serving(
         await health_server.start()
         if peer_node is not None:
             await peer_node.start()
-        metrics_runner = await _start_metrics(
-            server_settings.host,
+        metrics_runner = await start_metrics(
+            server_settings.metrics_host or server_settings.host,
             server_settings.metrics_port,
-            *_metrics_authorizer(server_settings, kube),
+            *metrics_authorizer(server_settings, kube),
             pprof_routes=server_settings.enable_pprof,
         )
         await grpc_server.start()
@@ -607,7 +636,7 @@ async def serving(
                 )
             )
         if peer_node is not None:
-            background += peer_node.tasks(host=server_settings.host, kube=kube, clock=clock)
+            background += peer_node.tasks(host=peer_settings.bind_host or server_settings.host, kube=kube, clock=clock)
         if kube is not None and kube.leader_election:
             from picker.discovery import leaderelection
 
@@ -801,7 +830,7 @@ MetricsAuthorizer = Callable[[str | None], Awaitable[metricsauth.Verdict]]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _metrics_authorizer(
+def metrics_authorizer(
     srv: ServerSettings, kube: kubesettings.KubeSettings | None
 ) -> tuple[MetricsAuthorizer | None, Callable[[], Awaitable[None]] | None]:
     """``--metrics-auth-token-file`` (a static token) or ``--metrics-endpoint-auth`` (Kubernetes TokenReview),
@@ -823,23 +852,30 @@ def _metrics_authorizer(
     return None, None
 
 
-async def _start_metrics(
+async def start_metrics(
     host: str,
     port: int,
     authorize: MetricsAuthorizer | None = None,
     close: Callable[[], Awaitable[None]] | None = None,
     *,
     pprof_routes: bool = False,
+    render: Callable[[], Awaitable[bytes]] | None = None,
 ) -> web.AppRunner | None:
     """``GET /metrics`` (picker's registry). Exposition runs in a thread so a scrape never stalls streams.
+    ``render``: the page to serve instead (the ``--workers`` supervisor's merge of its workers' pages).
 
     With ``authorize`` every request must pass it: 401 (with ``WWW-Authenticate: Bearer``) or 403 otherwise.
     ``pprof_routes``: also ``/debug/pprof/`` (``--enable-pprof``, telemetry/pprof.py), behind the same check."""
     if not port:
         return None
 
+    async def own_page() -> bytes:
+        return await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
+
+    page = render or own_page
+
     async def metrics(_: web.Request) -> web.Response:
-        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
+        body = await page()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     middlewares = []

@@ -23,7 +23,7 @@ class _Subcommand(Protocol):
 
 # name -> (module, one-line help). The one explicit table of subcommands.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("picker.app", "run the endpoint picker (ext_proc gRPC server)"),
+    "serve": ("picker.serve", "run the endpoint picker (ext_proc gRPC server)"),
     "sim": ("picker.sim.cli", "run a vLLM-compatible simulated model server"),
     "load": ("picker.bench.load_cli", "drive load at an OpenAI-compatible URL and report TTFT/TPOT"),
     "tokens": ("picker.bench.tokens_cli", "tokenize text through a server's /tokenize"),

@@ -48,6 +48,10 @@ class ServerSettings:
     tracing: bool = False  # --tracing: OpenTelemetry spans, exported per OTEL_* (telemetry/tracing.py)
     enable_pprof: bool = False  # --enable-pprof: /debug/pprof/ on the metrics port (telemetry/pprof.py)
     health_checking: bool = True  # --health-checking (default true here): gRPC health on the ext_proc port as well
+    # --workers: a worker shares the ext_proc and health ports with its siblings (SO_REUSEPORT) and serves its
+    # /metrics on loopback only, for the supervisor to merge (picker/serve.py); a lone picker refuses a taken port
+    reuse_port: bool = False
+    metrics_host: str = ""  # "" : ``host``
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class PeerSettings:
     port: int = 9005  # --peer-port (0: any free port; not with --peer-service)
     flush_interval_s: float = 0.002  # --peer-flush-interval
     state_ttl_s: float = 1.0  # --peer-state-ttl: a peer silent this long stops counting
+    bind_host: str = ""  # "": the server's --host (workers of one pod exchange over loopback)
 
     @property
     def enabled(self) -> bool:

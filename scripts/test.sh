@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PWD/.tools/bin:$PATH"
-echo "== ruff";  ruff check .
+echo "== ruff";  ruff check . && ruff format --check picker tests
 echo "== mypy";  mypy
 echo "== import layers"; lint-imports
 echo "== pytest"

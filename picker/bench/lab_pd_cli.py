@@ -266,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     started = time.perf_counter()
+
     def progress(r: PdRow) -> None:
         print(f"  {r.workload} {r.rate:g} req/s, {r.fleet} {r.decider}: wall {r.wall_s:.1f} s", flush=True)
 

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
-import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,54 +18,13 @@ from typing import IO
 
 import aiohttp
 
-__all__ = ["Child", "ChildFailed", "free_port", "free_ports", "picker_command", "spawn", "stop_process", "wait_http"]
+from picker.procutil import die_with_parent, free_ports
 
-_PR_SET_PDEATHSIG = 1
+__all__ = ["Child", "ChildFailed", "free_port", "free_ports", "picker_command", "spawn", "stop_process", "wait_http"]
 
 
 class ChildFailed(RuntimeError):
     """A child process exited when it should be running, or never became ready."""
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(x) for x in f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-_rng = random.Random()  # seeded from the OS: parallel processes do not walk the same ports
-_given: set[int] = set()
-
-
-def free_ports(n: int = 1, *, consecutive: bool = False) -> list[int]:
-    """``n`` ports free on 127.0.0.1 right now, ``consecutive`` or not, for a server started later.
-
-    Chosen at random *below* the kernel's ephemeral range: a port from ``bind(0)`` is an ephemeral one, which any
-    outgoing connection of this or another process may take as its source port between the check and the
-    server's bind (address already in use). Below that range only another explicit bind can take it. Each port is
-    handed out once per process."""
-    low, _ = _ephemeral_range()
-    first, last = (10000, low - 1) if low > 10000 + 1000 else (61000, 65535 - 1)  # else: above a low range
-    for _ in range(1000):
-        base = _rng.randint(first, last - n)
-        ports = list(range(base, base + n)) if consecutive else [base, *_rng.sample(range(first, last), n - 1)]
-        if len(set(ports)) != n or _given & set(ports) or not all(_bindable(p) for p in ports):
-            continue
-        _given.update(ports)
-        return sorted(ports)
-    raise OSError(f"no {n} free ports on 127.0.0.1 in [{first}, {last}]")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_port() -> int:
@@ -112,12 +67,6 @@ async def stop_process(proc: asyncio.subprocess.Process, timeout_s: float = 10.0
             await proc.wait()
     assert proc.returncode is not None
     return proc.returncode
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux; a no-op elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Child:
@@ -180,7 +129,7 @@ async def spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         child = Child(name, argv, proc, log)
         if on_start is not None:

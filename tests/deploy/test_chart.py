@@ -76,6 +76,7 @@ def merged(*layers: dict[str, Any]) -> dict[str, Any]:
 def ie(**values: Any) -> dict[str, Any]:
     return {"inferenceExtension": values}
 
+
 ACTIVE_ACTIVE = ie(
     replicas=3,
     activeActive=True,

@@ -145,9 +145,7 @@ async def test_picker_down(tmp_path: Path, failure_mode: str) -> None:
         assert (status, headers["x-backend"]) == (200, "b1")
         s.picker.terminate()
         await asyncio.wait_for(s.picker.wait(), 15)
-        results = [
-            await post(session, f"{s.url}/v1/completions", {"model": "m", "prompt": f"y{i}"}) for i in range(6)
-        ]
+        results = [await post(session, f"{s.url}/v1/completions", {"model": "m", "prompt": f"y{i}"}) for i in range(6)]
     statuses = [status for status, _, _ in results]
     if failure_mode == ngf.FAIL_OPEN:
         assert statuses == [200] * 6

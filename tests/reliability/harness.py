@@ -214,9 +214,7 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     hosts = POD_HOSTS[:sims]
     port = port or shared_port(hosts)
-    servers = [
-        Sim(f"p{i}", host, port, (*sim_args, *(per_sim_args or {}).get(i, ()))) for i, host in enumerate(hosts)
-    ]
+    servers = [Sim(f"p{i}", host, port, (*sim_args, *(per_sim_args or {}).get(i, ()))) for i, host in enumerate(hosts)]
     with tempfile.TemporaryDirectory(prefix="picker-reliability-") as tmp_name:
         tmp = Path(tmp_name)
         access_log = tmp / "access.log"

@@ -1,8 +1,8 @@
 """Run the fault scenarios and print the docs/reliability.md table.
 
-    .venv/bin/python -m tests.reliability.report            # CI-sized
-    .venv/bin/python -m tests.reliability.report --long     # the documented sizes (minutes)
-    .venv/bin/python -m tests.reliability.report server_killed api_down
+.venv/bin/python -m tests.reliability.report            # CI-sized
+.venv/bin/python -m tests.reliability.report --long     # the documented sizes (minutes)
+.venv/bin/python -m tests.reliability.report server_killed api_down
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ from picker.sim.virtual import run_virtual
 
 WORDS = default_tokenizer().word_ids
 # Exact binary fractions, so times compare exactly.
-TIMING = StepTiming(
-    overhead_s=2**-7, prefill_s_per_token=2**-13, decode_s_per_seq=2**-10, prefill_overhead_s=2**-5
-)
+TIMING = StepTiming(overhead_s=2**-7, prefill_s_per_token=2**-13, decode_s_per_seq=2**-10, prefill_overhead_s=2**-5)
 PER_TOKEN = 2**-12  # link: 0.24 ms per token
 CONFIG = EngineConfig(timing=TIMING, block_size=16, num_gpu_blocks=256, kv_transfer_s_per_token=PER_TOKEN)
 

@@ -1,15 +1,15 @@
-"""``procs.free_ports``: ports a server can bind later, which no outgoing connection takes as its source port."""
+"""``procutil.free_ports``: ports a server can bind later, which no outgoing connection takes as its source port."""
 
 from __future__ import annotations
 
 import socket
 
-from picker.bench import procs
+from picker import procutil
 
 
 def test_free_ports_are_bindable_distinct_and_outside_the_ephemeral_range() -> None:
-    low, high = procs._ephemeral_range()
-    ports = procs.free_ports(5) + [procs.free_port() for _ in range(5)]
+    low, high = procutil._ephemeral_range()
+    ports = procutil.free_ports(5) + [procutil.free_ports(1)[0] for _ in range(5)]
     assert len(set(ports)) == len(ports)  # handed out once per process
     for port in ports:
         assert not low <= port <= high
@@ -18,5 +18,5 @@ def test_free_ports_are_bindable_distinct_and_outside_the_ephemeral_range() -> N
 
 
 def test_consecutive_free_ports() -> None:
-    base, *rest = procs.free_ports(4, consecutive=True)
+    base, *rest = procutil.free_ports(4, consecutive=True)
     assert rest == [base + 1, base + 2, base + 3]
