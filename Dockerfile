@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # picker container image: `docker build -t picker:dev .` then `docker run picker:dev --help`.
-# Two stages: the builder makes a virtualenv from prebuilt wheels pinned by constraints.txt; the final stage
-# is the same slim Python with only that venv copied in (no pip cache, no compilers, no source tree).
+# Two stages: the builder makes a virtualenv from prebuilt wheels pinned by constraints.txt and compiles picker's
+# C extension; the final stage is the same slim Python with only that venv copied in (no pip cache, no compiler,
+# no source tree).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -20,11 +21,24 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['kube']))" > /tmp/requirements.txt \
  && pip install --no-cache-dir --only-binary=:all: -c constraints.txt -r /tmp/requirements.txt
 
-# Then picker itself (no dependency resolution: they are all in the layer above).
-COPY README.md ./
+# The compiler for picker's C extension (picker/scheduling/_native.c: the scheduling hot path's inner loops), in
+# this stage only. Python's headers: the official image has them; Debian's python3.11 needs python3.11-dev.
+# Unpinned: the compiler does not reach the final image, and a pinned Debian version breaks when the mirror moves.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && if [ ! -f "$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+      apt-get install -y --no-install-recommends python3.11-dev; \
+    fi \
+ && rm -rf /var/lib/apt/lists/*
+
+# Then picker itself (no dependency resolution: they are all in the layer above). The build fails if the
+# extension did not compile: the image must not fall back to the pure-Python path unnoticed.
+COPY README.md setup.py ./
 COPY picker ./picker
 RUN pip install --no-cache-dir --no-deps . \
  && python -m compileall -q /opt/venv \
+ && python -P -c "from picker.scheduling import native; assert native.NATIVE, 'C extension missing'" \
  && picker --version
 
 FROM ${PYTHON_IMAGE}

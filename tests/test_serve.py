@@ -79,7 +79,8 @@ def test_plan_gives_each_worker_the_shared_ports_and_the_others_as_peers() -> No
     )
     plan = serve.WorkerPlan.build(settings, 3)
     try:
-        assert plan.grpc_port and plan.health_port  # 0 resolved once, for all workers
+        assert plan.grpc_port  # 0 resolved once, for all workers
+        assert plan.health_port
         assert plan.cert_dir is not None
         key = Path(plan.cert_dir.name, "tls.key")
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
@@ -154,7 +155,7 @@ def test_merge_sums_events_and_own_work_but_not_pool_gauges() -> None:
     assert "picker_decision_seconds_sum 1.0" in text
     assert "# TYPE picker_requests_total counter" in text
     assert merge_pages([]) == b""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a Prometheus text page"):
         merge_pages(["this is { not a page"])
 
 
@@ -220,10 +221,10 @@ async def workers(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[procs.Chil
 
 
 async def scrape(metrics_port: int) -> str:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
-            assert resp.status == 200
-            return await resp.text()
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        assert resp.status == 200
+        return await resp.text()
 
 
 def gauge(text: str, series: str) -> float | None:
@@ -336,8 +337,15 @@ async def test_two_workers_share_the_port_and_schedule_as_one(tmp_path: Path) ->
         # SIGTERM: passed on, both drain, exit 0; nothing is left holding the port.
         new_pids = worker_pids(child.pid)
         assert await child.stop(timeout_s=15) == 0
-        for pid in new_pids:
-            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert not any(alive(pid) for pid in new_pids)
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 async def test_a_configuration_error_in_the_workers_stops_the_supervisor(tmp_path: Path) -> None:

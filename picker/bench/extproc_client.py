@@ -51,8 +51,12 @@ def build_messages(headers: Mapping[str, str], body: bytes) -> list[pb.Processin
 
 
 class ExtProcClient:
-    def __init__(self, target: str, *, root_certificate: bytes | None = None) -> None:
-        options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    def __init__(self, target: str, *, root_certificate: bytes | None = None, own_connection: bool = False) -> None:
+        """``own_connection``: a TCP connection of its own (gRPC otherwise shares one among a process's channels
+        to the same target), e.g. to reach several ``--workers`` behind one port."""
+        options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        if own_connection:
+            options.append(("grpc.use_local_subchannel_pool", 1))
         if root_certificate is None:
             self._channel = grpc.aio.insecure_channel(target, options=options)
         else:

@@ -5,7 +5,12 @@ Each configuration starts a fresh server process (``picker serve`` in plaintext,
 the body in ≤ 64 KiB chunks. Two passes per configuration:
 
 * latency: one request at a time — p50/p99 of the *decision* (last body byte sent → headers response received);
-* throughput: ``--concurrency`` workers for ``--duration`` seconds — completed requests per second.
+* throughput: ``--concurrency`` workers for ``--duration`` seconds — completed requests per second, over
+  ``--connections`` TCP connections from ``--client-procs`` processes (several connections, so that picker's
+  ``--workers`` each get some: the kernel spreads connections, not streams, over them).
+
+``--workers 1,2`` measures picker with each worker count. On a machine where the client shares the cores with the
+server (this VM: 2 cores), more workers cannot show more than the cores left over; the table says so.
 
 The figure that matters is picker's rate as a share of the do-nothing rate measured in the same run (the machine
 is shared and noisy; absolute numbers move, ratios much less). Model-server metrics come from one local stub page
@@ -18,19 +23,23 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
 from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from picker.bench import procs
 from picker.bench.extproc_client import ExtProcClient, build_messages
@@ -76,24 +85,32 @@ _WORDS = [
 @dataclass(frozen=True, slots=True)
 class Row:
     server: str  # "picker" or "do-nothing"
+    workers: int  # picker's --workers (1 for the do-nothing server)
     endpoints: int
     prompt_bytes: int
     rps: float
     decision_p50_ms: float
     decision_p99_ms: float
     errors: int
+    cpu_ms_per_request: float  # the server's CPU (every process of it) over the throughput pass, per request
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", default="16,256", help="endpoint counts to test (comma list)")
     parser.add_argument("--sizes", default="4096,225280", help="prompt sizes in bytes (comma list)")
-    parser.add_argument("--concurrency", type=int, default=64, help="workers in the throughput pass")
+    parser.add_argument("--workers", default="1", help="picker --workers counts to test (comma list)")
+    parser.add_argument("--concurrency", type=int, default=64, help="concurrent streams in the throughput pass")
+    parser.add_argument("--connections", type=int, default=8, help="TCP connections in the throughput pass")
+    parser.add_argument("--client-procs", type=int, default=1, help="client processes in the throughput pass")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput pass")
     parser.add_argument("--latency-requests", type=int, default=300, help="sequential requests, latency pass")
     parser.add_argument("--scrape-interval", default="1s", help="picker's --refresh-metrics-interval")
     parser.add_argument("--staleness", default="2s", help="picker's --metrics-staleness-threshold")
     parser.add_argument(
         "--prefilter", type=int, default=None, help="picker's --prefilter-endpoints (default: picker's default)"
+    )
+    parser.add_argument(
+        "--picker-args", default="", metavar="ARGS", help="more `picker serve` flags, one string (shell words)"
     )
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON here")
     parser.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
@@ -112,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
 async def _main(args: argparse.Namespace) -> list[Row]:
     counts = [int(x) for x in args.endpoints.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
+    worker_counts = [int(x) for x in args.workers.split(",")]
     rows: list[Row] = []
     async with _metrics_stub(max(counts)) as metrics_port:
         for size in sizes:
             bodies = prompt_bodies(size)
-            async with _server([sys.executable, "-m", "picker.bench.nullproc", "{port}"]) as port:
-                rows.append(await _measure("do-nothing", 0, size, port, bodies, args))
+            async with _server([sys.executable, "-m", "picker.bench.nullproc", "{port}"]) as served:
+                rows.append(await _measure("do-nothing", 1, 0, size, served, bodies, args))
             for count in counts:
                 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                     json.dump(
@@ -154,9 +172,12 @@ async def _main(args: argparse.Namespace) -> list[Row]:
                 ]
                 if args.prefilter is not None:
                     cmd += ["--prefilter-endpoints", str(args.prefilter)]
+                cmd += shlex.split(args.picker_args)
                 try:
-                    async with _server(cmd, settle_s=1.0 + count / 200) as port:
-                        rows.append(await _measure("picker", count, size, port, bodies, args))
+                    for workers in worker_counts:
+                        settle_s = 1.0 + count / 200 + (2.0 if workers > 1 else 0.0)  # workers: spawn, peer links
+                        async with _server([*cmd, "--workers", str(workers)], settle_s=settle_s) as served:
+                            rows.append(await _measure("picker", workers, count, size, served, bodies, args))
                 finally:
                     os.unlink(f.name)
     return rows
@@ -177,17 +198,32 @@ def prompt_bodies(size: int, n: int = 32) -> list[bytes]:
     return bodies
 
 
-async def _measure(server: str, count: int, size: int, port: int, bodies: list[bytes], args: argparse.Namespace) -> Row:
-    headers = {
-        ":method": "POST",
-        ":path": "/v1/completions",
-        ":authority": "gateway",
-        ":scheme": "http",
-        "content-type": "application/json",
-        "user-agent": "bench",
-        "accept": "*/*",
-    }
-    messages = [build_messages({**headers, "content-length": str(len(b))}, b) for b in bodies]
+_HEADERS = {
+    ":method": "POST",
+    ":path": "/v1/completions",
+    ":authority": "gateway",
+    ":scheme": "http",
+    "content-type": "application/json",
+    "user-agent": "bench",
+    "accept": "*/*",
+}
+
+
+def _messages(bodies: list[bytes]) -> list[list[pb.ProcessingRequest]]:
+    return [build_messages({**_HEADERS, "content-length": str(len(b))}, b) for b in bodies]
+
+
+async def _measure(
+    server: str,
+    workers: int,
+    count: int,
+    size: int,
+    served: tuple[int, int],
+    bodies: list[bytes],
+    args: argparse.Namespace,
+) -> Row:
+    port, pid = served
+    messages = _messages(bodies)
     client = ExtProcClient(f"127.0.0.1:{port}")
     errors = 0
     try:
@@ -198,29 +234,97 @@ async def _measure(server: str, count: int, size: int, port: int, bodies: list[b
             ex = await client.exchange(messages[i % len(messages)])
             errors += ex.status != 200
             decisions.append(ex.decision_s)
-        done = 0
-        deadline = time.perf_counter() + args.duration
-
-        async def worker(w: int) -> None:
-            nonlocal done, errors
-            i = w
-            while time.perf_counter() < deadline:
-                ex = await client.exchange(messages[i % len(messages)])
-                errors += ex.status != 200
-                done += 1
-                i += args.concurrency
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(args.concurrency)))
-        rps = done / (time.perf_counter() - started)
     finally:
         await client.close()
+    procs_n = max(1, args.client_procs)
+    share = _Share(port, size, args.duration, max(1, args.concurrency // procs_n), max(1, args.connections // procs_n))
+    cpu_before = _tree_cpu_s(pid)
+    if procs_n == 1:
+        done, failed, elapsed = await _drive(share)
+    else:
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(procs_n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            start_at = time.time() + 2.0  # after every process has started and connected
+            parts = await asyncio.gather(
+                *(loop.run_in_executor(pool, _drive_in_process, share, start_at) for _ in range(procs_n))
+            )
+        done, failed = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        elapsed = max(p[2] for p in parts)
+    cpu_ms = (_tree_cpu_s(pid) - cpu_before) * 1000 / max(1, done)
     q = statistics.quantiles(decisions, n=100, method="inclusive")
-    return Row(server, count, size, rps, q[49] * 1000, q[98] * 1000, errors)
+    return Row(server, workers, count, size, done / elapsed, q[49] * 1000, q[98] * 1000, errors + failed, cpu_ms)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its children (a ``--workers`` supervisor's)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        grew = bool(more)
+        tree |= more
+    return sum(times.get(p, 0.0) for p in tree)
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """One client process's part of the throughput pass."""
+
+    port: int
+    size: int
+    duration_s: float
+    concurrency: int
+    connections: int
+
+
+def _drive_in_process(share: _Share, start_at: float) -> tuple[int, int, float]:
+    return asyncio.run(_drive(share, start_at))
+
+
+async def _drive(share: _Share, start_at: float | None = None) -> tuple[int, int, float]:
+    """``share.concurrency`` streams in a loop over ``share.connections`` connections for ``share.duration_s``:
+    (completed, failed, seconds)."""
+    messages = _messages(prompt_bodies(share.size))
+    clients = [ExtProcClient(f"127.0.0.1:{share.port}", own_connection=True) for _ in range(share.connections)]
+    done = failed = 0
+    try:
+        for c in clients:  # connect (and warm) every connection before the clock starts
+            await c.exchange(messages[0])
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+        deadline = time.perf_counter() + share.duration_s
+
+        async def stream_loop(w: int) -> None:
+            nonlocal done, failed
+            client, i = clients[w % len(clients)], w
+            while time.perf_counter() < deadline:
+                ex = await client.exchange(messages[i % len(messages)])
+                failed += ex.status != 200
+                done += 1
+                i += share.concurrency
+
+        started = time.perf_counter()
+        await asyncio.gather(*(stream_loop(w) for w in range(share.concurrency)))
+        return done, failed, time.perf_counter() - started
+    finally:
+        for c in clients:
+            await c.close()
 
 
 @contextlib.asynccontextmanager
-async def _server(cmd: list[str], settle_s: float = 0.5) -> AsyncIterator[int]:
+async def _server(cmd: list[str], settle_s: float = 0.5) -> AsyncIterator[tuple[int, int]]:
+    """The server's (port, pid)."""
     port = _free_port()
     argv = [c.replace("{port}", str(port)) for c in cmd]
     with tempfile.TemporaryFile() as log:
@@ -228,7 +332,7 @@ async def _server(cmd: list[str], settle_s: float = 0.5) -> AsyncIterator[int]:
         try:
             await _wait_port(port, proc)
             await asyncio.sleep(settle_s)  # first scrapes land
-            yield port
+            yield port, proc.pid
         except BaseException:
             log.seek(0)
             sys.stderr.write(log.read()[-4000:].decode(errors="replace"))
@@ -291,25 +395,31 @@ async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout_s: flo
 
 def _print_table(rows: list[Row]) -> None:
     null = {r.prompt_bytes: r.rps for r in rows if r.server == "do-nothing"}
-    base16 = {
-        r.prompt_bytes: r.rps
-        for r in rows
-        if r.server == "picker" and r.endpoints == min((x.endpoints for x in rows if x.server == "picker"), default=0)
-    }
+    least = min((x.endpoints for x in rows if x.server == "picker"), default=0)
+    base = {(r.prompt_bytes, r.workers): r.rps for r in rows if r.server == "picker" and r.endpoints == least}
+    one = {(r.prompt_bytes, r.endpoints): r.rps for r in rows if r.server == "picker" and r.workers == 1}
     head = (
-        f"{'server':<11}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'cost vs min eps':>16}"
-        f"{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
+        f"{'server':<11}{'workers':>8}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'cost vs min eps':>16}"
+        f"{'vs 1 worker':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>11}{'errors':>8}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
-        share = f"{r.rps / null[r.prompt_bytes]:.0%}" if r.server == "picker" and null.get(r.prompt_bytes) else ""
-        cost = f"{base16[r.prompt_bytes] / r.rps:.2f}x" if r.server == "picker" and base16.get(r.prompt_bytes) else ""
-        eps = str(r.endpoints) if r.server == "picker" else "-"
+        picker = r.server == "picker"
+        share = f"{r.rps / null[r.prompt_bytes]:.0%}" if picker and null.get(r.prompt_bytes) else ""
+        b = base.get((r.prompt_bytes, r.workers))
+        cost = f"{b / r.rps:.2f}x" if picker and b else ""
+        o = one.get((r.prompt_bytes, r.endpoints))
+        scale = f"{r.rps / o:.2f}x" if picker and o and r.workers > 1 else ""
+        eps = str(r.endpoints) if picker else "-"
         print(
-            f"{r.server:<11}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{cost:>16}"
-            f"{r.decision_p50_ms:>9.2f}{r.decision_p99_ms:>9.2f}{r.errors:>8}"
+            f"{r.server:<11}{r.workers:>8}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{cost:>16}"
+            f"{scale:>12}{r.decision_p50_ms:>9.2f}{r.decision_p99_ms:>9.2f}{r.cpu_ms_per_request:>11.2f}{r.errors:>8}"
         )
+    cores = len(os.sched_getaffinity(0))
+    if any(r.workers > 1 for r in rows):
+        print(f"{cores} cores here, shared by the client and the server: workers beyond the cores the client leaves")
+        print("cannot add throughput on this machine; CPU ms/req says what a request costs wherever it runs.")
 
 
 def _size(n: int) -> str:
@@ -322,7 +432,7 @@ def _plot(rows: list[Row], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r.server}\n{r.endpoints or '-'} eps\n{_size(r.prompt_bytes)}" for r in rows]
+    labels = [f"{r.server} x{r.workers}\n{r.endpoints or '-'} eps\n{_size(r.prompt_bytes)}" for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax1.bar(labels, [r.rps for r in rows], color=["#888" if r.server != "picker" else "#2a7" for r in rows])
     ax1.set_ylabel("requests/s (new stream per request)")

@@ -50,7 +50,11 @@ def merge_pages(pages: Sequence[str], extra: Iterable[Metric] = ()) -> bytes:
     families: dict[str, Metric] = {}
     values: dict[str, dict[_SampleKey, float]] = {}
     for page in pages:
-        for family in text_string_to_metric_families(page):
+        try:
+            parsed = list(text_string_to_metric_families(page))
+        except (ValueError, IndexError, KeyError) as exc:
+            raise ValueError(f"not a Prometheus text page: {exc}") from exc
+        for family in parsed:
             merged = families.get(family.name)
             if merged is None:
                 merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)

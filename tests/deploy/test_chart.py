@@ -37,6 +37,7 @@ ENGINES = ("vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve")
 # deprecated per-metric-name flags (reference defect 14).
 PICKER_FLAGS = {
     "tracing",
+    "workers",
     "grpc-port",
     "grpc-health-port",
     "metrics-port",
@@ -109,6 +110,7 @@ CASES: dict[str, dict[str, Any]] = {
     "tracing": merged(BASE, ie(tracing={"enabled": True, "otelExporterEndpoint": "http://collector:4317"})),
     "active-active": merged(BASE, ACTIVE_ACTIVE),
     "plaintext": merged(BASE, ie(secureServing=False, failureMode="FailClose")),
+    "workers": merged(BASE, ie(workers=4, resources={"limits": {"cpu": "4", "memory": "4Gi"}})),
     "multi-port-h2c": merged(
         BASE,
         {"inferencePool": {"targetPorts": [{"number": 8000}, {"number": 8001}], "appProtocol": "kubernetes.io/h2c"}},
@@ -553,6 +555,12 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         merged(BASE, ie(replicas=2, activeActive=True, strategy={"type": "RollingUpdate"})),
         "inferenceExtension.activeActive needs inferenceExtension.certSecretName",
     ),
+    "workers-with-leader-election": (merged(BASE, ie(replicas=2, workers=2)), "inferenceExtension.workers 2 needs"),
+    "workers-active-active": (
+        merged(BASE, ACTIVE_ACTIVE, ie(workers=2)),
+        "inferenceExtension.workers 2 needs one pod without activeActive",
+    ),
+    "negative-workers": (merged(BASE, ie(workers=-1)), "/inferenceExtension/workers"),
     "active-active-recreate": (
         merged(BASE, ie(replicas=2, activeActive=True, certSecretName="picker-tls")),
         "strategy Recreate stops every replica at once",
@@ -638,7 +646,16 @@ def test_every_value_is_documented() -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["defaults", "leader-election", "plaintext", "tls-secret", "flags", "pool-off-v1alpha2-leader", "active-active"],
+    [
+        "defaults",
+        "leader-election",
+        "plaintext",
+        "tls-secret",
+        "flags",
+        "pool-off-v1alpha2-leader",
+        "active-active",
+        "workers",
+    ],
 )
 def test_rendered_args_parse_with_picker_serve(case: str, rendered: dict[str, Rendered], tmp_path: Path) -> None:
     """The container args through the real `picker serve` argument parser."""
@@ -669,6 +686,7 @@ def test_rendered_args_parse_with_picker_serve(case: str, rendered: dict[str, Re
     assert args.zap_encoder == "json"
     assert args.secure_serving is (case != "plaintext")
     assert args.cert_path == ("/etc/picker/tls" if case in ("tls-secret", "active-active") else None)
+    assert args.workers == (4 if case == "workers" else 0)  # 0: what the pod's CPU limit allows
     if case == "flags":
         assert args.refresh_metrics_interval == pytest.approx(0.1)
         assert args.disable_endpoint_subset_filter is True

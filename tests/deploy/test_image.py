@@ -90,6 +90,9 @@ def test_picker_runs_from_the_image(container: str) -> None:
     assert run_in(container, "sh", "-c", "command -v gcc cc || true").stdout.strip() == ""
     found = run_in(container, "python", "-c", "import picker.app, opentelemetry.sdk, kubernetes_asyncio; print('ok')")
     assert found.stdout.strip() == "ok", found.stderr
+    # The C extension was compiled in the builder stage and is what the image runs.
+    native = run_in(container, "python", "-c", "from picker.scheduling import native; print(native.NATIVE)")
+    assert native.stdout.strip() == "True", native.stderr
 
 
 @contextlib.asynccontextmanager

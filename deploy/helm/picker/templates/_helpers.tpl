@@ -79,6 +79,9 @@ Checks the JSON schema cannot express: cross-key rules. Included once from the D
 {{- if and .Values.inferencePool.create (not .Values.inferencePool.modelServers.matchLabels) -}}
 {{- fail "inferencePool.modelServers.matchLabels is required when inferencePool.create is true: the labels of your model-server pods" -}}
 {{- end -}}
+{{- if and (gt (int $ie.workers) 1) (or $ie.activeActive (include "picker.leaderElection" .)) -}}
+{{- fail (printf "inferenceExtension.workers %d needs one pod without activeActive: workers are each other's peers inside the pod, and picker refuses them with leader election or peers in other pods" (int $ie.workers)) -}}
+{{- end -}}
 {{- $pdb := $ie.podDisruptionBudget -}}
 {{- if $pdb.enabled -}}
 {{- if and (not (kindIs "invalid" $pdb.minAvailable)) (not (kindIs "invalid" $pdb.maxUnavailable)) -}}
