@@ -6,11 +6,11 @@ In process (tests, benchmarks)::
         ...  # running.grpc_port, running.health_port, running.certificate, running.director, ...
 
 As a process: ``picker serve --endpoints 10.0.0.1:8000,10.0.0.2:8000 [flags]`` (flags as the reference EPP's,
-plus picker's; ``picker serve --help``). SIGTERM: health turns NOT_SERVING at once, new streams are still
-accepted for ``grace_period_s`` (so gateways see the health change first), then refused; in-flight streams get
-up to ``termination_grace_s`` to finish; exit 0. With ``--ha-enable-leader-election`` only the holder of the pool's
-Lease reports ready; on SIGTERM the leader releases the Lease at once (with the health change), so a standby takes
-over while the old leader is still draining.
+plus picker's; ``picker serve --help``; ``picker.serve`` runs this once, or N times with ``--workers``).
+SIGTERM: health turns NOT_SERVING at once, new streams are still accepted for ``grace_period_s`` (so gateways see
+the health change first), then refused; in-flight streams get up to ``termination_grace_s`` to finish; exit 0. With
+``--ha-enable-leader-election`` only the holder of the pool's Lease reports ready; on SIGTERM the leader releases
+the Lease at once (with the health change), so a standby takes over while the old leader is still draining.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -71,7 +70,6 @@ __all__ = [
     "load",
     "metrics_authorizer",
     "parse_duration",
-    "run",
     "run_settings",
     "serve",
     "serving",
@@ -401,19 +399,6 @@ def load(args: argparse.Namespace) -> tuple[Settings, kubesettings.KubeSettings 
     if kube is not None and settings.static_endpoints:
         raise errors.ConfigError("give --endpoints/--endpoints-file or --pool-name/--endpoint-selector, not both")
     return settings, kube
-
-
-def run(args: argparse.Namespace) -> int:
-    """One picker process (``picker serve``; ``picker.serve`` runs several with ``--workers``)."""
-    try:
-        settings, kube = load(args)
-    except errors.ConfigError as exc:
-        print(f"picker serve: {exc}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level, settings.log_format)
-    for warning in compat.unhonoured(args):
-        log.warning(warning)
-    return run_settings(settings, kube)
 
 
 def run_settings(settings: Settings, kube: kubesettings.KubeSettings | None) -> int:

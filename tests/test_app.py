@@ -17,7 +17,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from picker import app, errors
+from picker import app, errors, serve
 from picker.bench import procs
 from picker.endpoints.store import EndpointStore
 from picker.extproc import tls
@@ -93,7 +93,7 @@ def test_a_bad_config_exits_2() -> None:
     saved = (list(root.handlers), root.level)
     try:
         args = parser.parse_args(["--config-text", "kind: NotAConfig", "--grpc-port", "0", "--metrics-port", "0"])
-        assert app.run(args) == 2
+        assert serve.run(args) == 2
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])

@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from picker import procutil
 from picker.bench import procs
 from picker.endpoints.model import Endpoint
 from picker.endpoints.store import EndpointStore
@@ -51,16 +52,13 @@ class Pool:
 
     def __init__(self, n: int, **settings: object) -> None:
         self.http_ports = sorted(free_port() for _ in range(n))
-        base = free_port()
-        while not all(_free(base + i) for i in range(n)):
-            base = free_port()
-        self.kv_base = base
+        self.kv_base = procutil.free_ports(n, consecutive=True)[0]
         self.endpoints = [Endpoint.create("127.0.0.1", p) for p in self.http_ports]
         self.store = EndpointStore()
         self.store.set_endpoints(self.endpoints)
         self.index = KVBlockIndex()
         self.ingestor = Ingestor([self.index])
-        self.subscriber = KVEventSubscriber(self.ingestor, SubscriberSettings(socket_port=base, **settings))  # type: ignore[arg-type]
+        self.subscriber = KVEventSubscriber(self.ingestor, SubscriberSettings(socket_port=self.kv_base, **settings))  # type: ignore[arg-type]
 
     def key(self, i: int) -> str:
         return self.endpoints[i].key
@@ -68,17 +66,6 @@ class Pool:
     def publisher(self, i: int, **kw: object) -> KVEventPublisher:
         kw.setdefault("bind", f"tcp://127.0.0.1:{self.kv_base + i}")
         return KVEventPublisher(topic=f"kv@{self.key(i)}@{MODEL}", block_size=BS, **kw)  # type: ignore[arg-type]
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @contextlib.asynccontextmanager
