@@ -120,6 +120,20 @@ def test_workers_flag() -> None:
     assert parser.parse_args(["--workers", "4"]).workers == 4
 
 
+def test_workers_batch_their_exchange_unless_told_otherwise() -> None:
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    for argv, between_pods, between_workers in (
+        ([], 0.002, serve.WORKER_FLUSH_INTERVAL_S),
+        (["--peer-flush-interval", "3ms"], 0.003, 0.003),
+    ):
+        args = parser.parse_args(argv)
+        settings, _ = app.load(args)
+        assert settings.peers.flush_interval_s == between_pods
+        assert serve.with_worker_flush(settings, args.peer_flush_interval).peers.flush_interval_s == between_workers
+    assert serve.WORKER_FLUSH_INTERVAL_S == 0.010
+
+
 # -- the merged page ----------------------------------------------------------------------------------------
 
 _PAGE = """\
