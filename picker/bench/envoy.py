@@ -267,16 +267,22 @@ def _access_log(path: str | None) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def run_envoy(
-    config_yaml: str, admin_port: int, *, binary: str | None = None, ready_timeout_s: float = 30.0
+    config_yaml: str,
+    admin_port: int,
+    *,
+    binary: str | None = None,
+    ready_timeout_s: float = 30.0,
+    concurrency: int = 1,
 ) -> AsyncIterator[procs.Child]:
     """Envoy with ``config_yaml``, yielded once its admin ``/ready`` answers; stopped (SIGTERM) on exit.
+    ``concurrency``: Envoy's worker threads (each opens its own connection to picker).
 
     Its output goes to a temporary file, shown in the error when it fails to start."""
     with tempfile.TemporaryDirectory(prefix="picker-envoy-") as tmp:
         cfg = Path(tmp) / "envoy.yaml"
         cfg.write_text(config_yaml)
         argv = [binary or envoy_binary(), "-c", str(cfg), "--disable-hot-restart", "--log-level", "warn"]
-        argv += ["--concurrency", "1", "--file-flush-interval-msec", "200"]
+        argv += ["--concurrency", str(concurrency), "--file-flush-interval-msec", "200"]
         async with procs.spawn("envoy", argv) as child:
             await child.wait_http(f"http://127.0.0.1:{admin_port}/ready", ready_timeout_s)
             yield child

@@ -26,8 +26,10 @@ def picker_binary() -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def run_envoy(config_yaml: str, admin_port: int) -> AsyncIterator[asyncio.subprocess.Process]:
-    async with envoy.run_envoy(config_yaml, admin_port) as child:
+async def run_envoy(
+    config_yaml: str, admin_port: int, *, concurrency: int = 1
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    async with envoy.run_envoy(config_yaml, admin_port, concurrency=concurrency) as child:
         yield child.proc
 
 

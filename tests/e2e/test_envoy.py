@@ -32,7 +32,12 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def stack(
-    body_mode: str, *, failure_mode_allow: bool = False, queues: tuple[int, ...] = (10, 0, 5)
+    body_mode: str,
+    *,
+    failure_mode_allow: bool = False,
+    queues: tuple[int, ...] = (10, 0, 5),
+    picker_args: tuple[str, ...] = (),
+    envoy_concurrency: int = 1,
 ) -> AsyncIterator[Stack]:
     backends = [Backend(f"b{i}", queue=q) for i, q in enumerate(queues)]
     for b in backends:
@@ -56,6 +61,7 @@ async def stack(
         # picker's built-in default also weighs prefix affinity and TTFT (test_default_follows_servers.py).
         "--config-text",
         REFERENCE_CONFIG_TEXT,
+        *picker_args,
     ]
     config = envoy_config.render(
         listen_port=listen_port,
@@ -68,7 +74,7 @@ async def stack(
     try:
         async with run_picker(args, health_url=f"http://127.0.0.1:{metrics_port}/metrics") as picker:
             await asyncio.sleep(0.3)  # a few scrape intervals: picker has seen every queue
-            async with run_envoy(config, admin_port):
+            async with run_envoy(config, admin_port, concurrency=envoy_concurrency):
                 yield Stack(f"http://127.0.0.1:{listen_port}", backends, picker)
     finally:
         for b in backends:
@@ -107,6 +113,28 @@ async def test_requests_land_on_the_backend_picker_chose(body_mode: str) -> None
             )
             assert status == 200
             assert headers["x-backend"] == "b0"
+
+
+async def test_workers_behind_envoy() -> None:
+    """``--workers 2`` behind Envoy with four worker threads (four connections to picker, spread over the two
+    processes by the kernel), over TLS with the supervisor's one self-signed pair: every request routed, none lost,
+    and a clean SIGTERM."""
+    async with (
+        stack("FULL_DUPLEX_STREAMED", picker_args=("--workers", "2"), envoy_concurrency=4) as s,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session,
+    ):
+        await asyncio.sleep(1.0)  # the workers' peer links and first scrapes
+        results = await asyncio.gather(
+            *(
+                post(session, f"{s.url}/v1/completions", {"model": "m", "prompt": f"w{i}", "max_tokens": 2})
+                for i in range(40)
+            )
+        )
+        assert [status for status, _, _ in results] == [200] * 40
+        assert {headers["x-backend"] for _, headers, _ in results} == {"b1"}  # the shortest queue, every time
+        assert len(s.backends[1].served) == 40
+        s.picker.terminate()
+        assert await asyncio.wait_for(s.picker.wait(), 20) == 0
 
 
 @pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
