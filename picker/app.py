@@ -275,7 +275,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DURATION",
         help=f"how often placements and in-flight counts go to the peers (default {peer.flush_interval_s * 1000:g}ms; "
-        "between --workers of one pod 10ms: batching halves their CPU per request)",
+        "between --workers of one pod 5ms: batching saves CPU per request)",
     )
     add(
         "--peer-state-ttl",

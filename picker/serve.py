@@ -70,9 +70,10 @@ _BACKOFF_MAX_S = 30.0
 _MAX_WORKER_PAGE_BYTES = 8 * 1024 * 1024
 _SCRAPE_TIMEOUT_S = 2.0
 # Between workers, unless --peer-flush-interval says otherwise: the exchange's cost is per batch, and at 2 ms (the
-# default between pods) a worker sends about one batch per request; 10 ms cut the CPU per request of two workers
-# by ~0.3-0.5 ms (docs/performance.md, "Workers") for at most 10 ms more staleness.
-WORKER_FLUSH_INTERVAL_S = 0.010
+# default between pods) a busy worker sends about one batch per request. 5 ms took ~0.3-0.5 ms of CPU off each
+# request of two workers and kept all 4 lab-ha points within 5 % of one picker; 10 ms saved no more and let
+# multi-turn 40 slip to 1.05x (docs/performance.md, "Workers").
+WORKER_FLUSH_INTERVAL_S = 0.005
 
 configure = app.configure
 
@@ -130,7 +131,7 @@ def worker_count(requested: int, settings: Settings, kube: KubeSettings | None, 
 
 
 def with_worker_flush(settings: Settings, given_s: float | None) -> Settings:
-    """``settings`` with the workers' flush interval: ``--peer-flush-interval`` when given, else 10 ms."""
+    """``settings`` with the workers' flush interval: ``--peer-flush-interval`` when given, else 5 ms."""
     flush_s = given_s if given_s is not None else WORKER_FLUSH_INTERVAL_S
     return dataclasses.replace(settings, peers=dataclasses.replace(settings.peers, flush_interval_s=flush_s))
 

@@ -131,7 +131,7 @@ def test_workers_batch_their_exchange_unless_told_otherwise() -> None:
         settings, _ = app.load(args)
         assert settings.peers.flush_interval_s == between_pods
         assert serve.with_worker_flush(settings, args.peer_flush_interval).peers.flush_interval_s == between_workers
-    assert serve.WORKER_FLUSH_INTERVAL_S == 0.010
+    assert serve.WORKER_FLUSH_INTERVAL_S == 0.005
 
 
 # -- the merged page ----------------------------------------------------------------------------------------

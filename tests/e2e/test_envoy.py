@@ -28,6 +28,7 @@ class Stack:
     url: str
     backends: list[Backend]
     picker: asyncio.subprocess.Process
+    metrics_url: str
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +76,9 @@ async def stack(
         async with run_picker(args, health_url=f"http://127.0.0.1:{metrics_port}/metrics") as picker:
             await asyncio.sleep(0.3)  # a few scrape intervals: picker has seen every queue
             async with run_envoy(config, admin_port, concurrency=envoy_concurrency):
-                yield Stack(f"http://127.0.0.1:{listen_port}", backends, picker)
+                yield Stack(
+                    f"http://127.0.0.1:{listen_port}", backends, picker, f"http://127.0.0.1:{metrics_port}/metrics"
+                )
     finally:
         for b in backends:
             await b.stop()
@@ -123,7 +126,17 @@ async def test_workers_behind_envoy() -> None:
         stack("FULL_DUPLEX_STREAMED", picker_args=("--workers", "2"), envoy_concurrency=4) as s,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session,
     ):
-        await asyncio.sleep(1.0)  # the workers' peer links and first scrapes
+        # The supervisor's /metrics answers before its workers listen: wait until both serve and see the pool.
+        async with asyncio.timeout(30):
+            while True:
+                async with session.get(s.metrics_url) as resp:
+                    page = await resp.text()
+                if (
+                    'picker_workers{state="scraped"} 2.0' in page
+                    and 'inference_pool_ready_pods{name="static"} 3.0' in page
+                ):
+                    break
+                await asyncio.sleep(0.1)
         results = await asyncio.gather(
             *(
                 post(session, f"{s.url}/v1/completions", {"model": "m", "prompt": f"w{i}", "max_tokens": 2})
