@@ -259,9 +259,7 @@ async def supervise(plan: WorkerPlan, kube: KubeSettings | None) -> int:
         p.start()
         return p
 
-    workers = [_Worker(i, start(i), time.monotonic()) for i in range(plan.count)]
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    workers: list[_Worker] = []
     srv = plan.settings.server
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_SCRAPE_TIMEOUT_S))
     restarts_total = 0
@@ -284,7 +282,15 @@ async def supervise(plan: WorkerPlan, kube: KubeSettings | None) -> int:
             return await loop.run_in_executor(None, merge_pages, [], extra)
 
     authorize, close_auth = app.metrics_authorizer(srv, kube)
-    metrics = await app.start_metrics(srv.host, srv.metrics_port, authorize, close_auth, render=page)
+    try:  # before any worker starts: a taken metrics port fails the start as for one picker
+        metrics = await app.start_metrics(srv.host, srv.metrics_port, authorize, close_auth, render=page)
+    except OSError as exc:
+        await session.close()
+        log.error("configuration error: cannot listen on %s:%d (--metrics-port): %s", srv.host, srv.metrics_port, exc)
+        return 2
+    workers.extend(_Worker(i, start(i), time.monotonic()) for i in range(plan.count))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
     log.info(
         "picker serving with workers",
         extra={"workers": plan.count, "grpc_port": plan.grpc_port, "health_port": plan.health_port},

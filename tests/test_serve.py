@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -385,3 +386,25 @@ def test_one_worker_is_the_plain_picker() -> None:
     serve.configure(parser)
     settings, kube = app.load(parser.parse_args(["--endpoints=10.0.0.1:8000"]))
     assert serve.worker_count(parser.parse_args([]).workers, settings, kube, limit=None) == 1
+
+
+def test_a_taken_metrics_port_fails_the_start_before_any_worker(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = parser.parse_args(
+            ["--workers=2", "--host=127.0.0.1", "--grpc-port=0", "--grpc-health-port=0", f"--metrics-port={port}"]
+        )
+        root = logging.getLogger()
+        saved = (list(root.handlers), root.level)
+        try:
+            assert serve.run(args) == 2
+        finally:
+            root.handlers[:] = saved[0]
+            root.setLevel(saved[1])
+    assert not worker_pids(os.getpid())  # none was started
