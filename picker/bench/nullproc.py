@@ -15,6 +15,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+__all__ = ["NullProcessor", "serve"]
+
 _DESTINATION = "10.0.0.1:8000"
 
 
