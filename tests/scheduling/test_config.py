@@ -456,3 +456,10 @@ def test_weight_on_a_picker_is_ignored_with_a_warning(caplog: pytest.LogCaptureF
         )
     assert config.profiles["d"].picker.type == "max-score-picker"
     assert any("not a scorer" in r.getMessage() for r in caplog.records)
+
+
+def test_the_pd_lab_runs_llm_d_s_own_sample() -> None:
+    """``picker bench lab-pd`` templates llm-d's P/D sample; with the sample's decider it is the sample, verbatim."""
+    from picker.bench.lab_pd import pd_config
+
+    assert pd_config("prefix:16") == LLMD_PD
