@@ -26,6 +26,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker import app, compat
+from picker.bench.policies import REFERENCE_CONFIG_TEXT  # the reference chart's default-plugins.yaml
 from picker.discovery import kubesettings
 from picker.telemetry import tracing
 from tests.extproc.gateway import EnvoyFullDuplex, gateway
@@ -164,30 +165,11 @@ def test_bad_values_are_errors() -> None:
             parser().parse_args(bad)
 
 
-REFERENCE_DEFAULT_PLUGINS = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-"""
-
-
 async def test_picker_starts_with_the_reference_chart_args(tmp_path: Path) -> None:
     """The "flags" args (tracing, pprof, health checking) plus the sglang metric flags, as a real process: it routes
     to the pool's pod, serves health on the ext_proc port, answers /debug/pprof/, warns, and exports its spans."""
     config = tmp_path / "default-plugins.yaml"
-    config.write_text(REFERENCE_DEFAULT_PLUGINS)
+    config.write_text(REFERENCE_CONFIG_TEXT)
     args = [a.replace("/config/default-plugins.yaml", str(config)) for a in REFERENCE_CHART_ARGS["flags"]]
     args += SGLANG
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
