@@ -12,6 +12,7 @@ import ctypes
 import random
 import signal
 import socket
+from collections.abc import Sequence
 
 __all__ = ["die_with_parent", "free_ports"]
 
@@ -31,25 +32,25 @@ _rng = random.Random()  # seeded from the OS: parallel processes do not walk the
 _given: set[int] = set()
 
 
-def free_ports(n: int = 1, *, consecutive: bool = False) -> list[int]:
-    """``n`` ports free on 127.0.0.1 right now, ``consecutive`` or not, for a server started later; chosen at
-    random below the ephemeral range, each handed out once per process."""
+def free_ports(n: int = 1, *, consecutive: bool = False, hosts: Sequence[str] = ("127.0.0.1",)) -> list[int]:
+    """``n`` ports free on every one of ``hosts`` right now, ``consecutive`` or not, for a server started later;
+    chosen at random below the ephemeral range, each handed out once per process."""
     low, _ = _ephemeral_range()
     first, last = (10000, low - 1) if low > 10000 + 1000 else (61000, 65535 - 1)  # else: above a low range
     for _ in range(1000):
         base = _rng.randint(first, last - n)
         ports = list(range(base, base + n)) if consecutive else [base, *_rng.sample(range(first, last), n - 1)]
-        if len(set(ports)) != n or _given & set(ports) or not all(_bindable(p) for p in ports):
+        if len(set(ports)) != n or _given & set(ports) or not all(_bindable(h, p) for p in ports for h in hosts):
             continue
         _given.update(ports)
         return sorted(ports)
-    raise OSError(f"no {n} free ports on 127.0.0.1 in [{first}, {last}]")
+    raise OSError(f"no {n} free ports on {', '.join(hosts)} in [{first}, {last}]")
 
 
-def _bindable(port: int) -> bool:
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True

@@ -29,17 +29,17 @@ import dataclasses
 import json
 import os
 import random
-import socket
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import yaml
 
+from picker import procutil
 from picker.bench import envoy, procs
 from picker.scheduling.units import duration_s
 from picker.sim.apiserver import FakeApiServer
@@ -183,21 +183,6 @@ def _pod(name: str, ip: str) -> dict[str, object]:
     }
 
 
-def _shared_port(hosts: Sequence[str]) -> int:
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = int(probe.getsockname()[1])
-        try:
-            for host in hosts:
-                with socket.socket() as s:
-                    s.bind((host, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no port free on every pod address")
-
-
 @contextlib.asynccontextmanager
 async def _kubeconfig(server: str) -> AsyncIterator[Path]:
     with tempfile.TemporaryDirectory(prefix="picker-soak-") as tmp:
@@ -255,7 +240,7 @@ def _proc_stats(pid: int) -> tuple[float, int]:
 async def soak(spec: SoakSpec) -> SoakReport:
     rng = random.Random(spec.seed)
     hosts = [f"127.0.0.{i}" for i in range(2, 2 + spec.pods)]
-    port = _shared_port(hosts)
+    port = procutil.free_ports(1, hosts=hosts)[0]
     report = SoakReport(spec)
     window = {"requests": 0, "errors": 0}
     async with contextlib.AsyncExitStack() as stack:

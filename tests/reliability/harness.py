@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import statistics
 import tempfile
 import time
@@ -32,6 +31,7 @@ import aiohttp
 import orjson
 import yaml
 
+from picker import procutil
 from picker.bench import envoy as envoy_config
 from picker.bench import procs
 
@@ -41,18 +41,7 @@ PROMPT = "Summarise the reliability report of the cluster in three sentences, pl
 
 def shared_port(hosts: Sequence[str]) -> int:
     """A port free on every one of ``hosts``."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = int(probe.getsockname()[1])
-        try:
-            for host in hosts:
-                with socket.socket() as s:
-                    s.bind((host, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no port free on every pod address")
+    return procutil.free_ports(1, hosts=hosts)[0]
 
 
 @dataclass
