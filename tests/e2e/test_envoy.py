@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from picker.bench import envoy as envoy_config
-from picker.bench.policies import REFERENCE_CONFIG_TEXT
 from tests.e2e.backends import STREAM_WORDS, Backend
-from tests.e2e.procs import free_port, run_envoy, run_picker
+from tests.e2e.pool import picker_over_backends
+from tests.e2e.procs import free_port, run_envoy
 
 pytestmark = pytest.mark.e2e
 
@@ -40,48 +40,18 @@ async def stack(
     picker_args: tuple[str, ...] = (),
     envoy_concurrency: int = 1,
 ) -> AsyncIterator[Stack]:
-    backends = [Backend(f"b{i}", queue=q) for i, q in enumerate(queues)]
-    for b in backends:
-        await b.start()
-    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     listen_port, admin_port = free_port(), free_port()
-    args = [
-        "--endpoints",
-        ",".join(b.hostport for b in backends),
-        "--host",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--grpc-health-port",
-        str(health_port),
-        "--metrics-port",
-        str(metrics_port),
-        "--refresh-metrics-interval",
-        "50ms",
-        # The reference default's queue / KV scoring: these tests route by the backends' scraped queues alone;
-        # picker's built-in default also weighs prefix affinity and TTFT (test_default_follows_servers.py).
-        "--config-text",
-        REFERENCE_CONFIG_TEXT,
-        *picker_args,
-    ]
-    config = envoy_config.render(
-        listen_port=listen_port,
-        admin_port=admin_port,
-        picker_port=grpc_port,
-        backends=[("127.0.0.1", b.port) for b in backends],
-        body_mode=body_mode,
-        failure_mode_allow=failure_mode_allow,
-    )
-    try:
-        async with run_picker(args, health_url=f"http://127.0.0.1:{metrics_port}/metrics") as picker:
-            await asyncio.sleep(0.3)  # a few scrape intervals: picker has seen every queue
-            async with run_envoy(config, admin_port, concurrency=envoy_concurrency):
-                yield Stack(
-                    f"http://127.0.0.1:{listen_port}", backends, picker, f"http://127.0.0.1:{metrics_port}/metrics"
-                )
-    finally:
-        for b in backends:
-            await b.stop()
+    async with picker_over_backends(queues, picker_args) as pool:
+        config = envoy_config.render(
+            listen_port=listen_port,
+            admin_port=admin_port,
+            picker_port=pool.grpc_port,
+            backends=[("127.0.0.1", b.port) for b in pool.backends],
+            body_mode=body_mode,
+            failure_mode_allow=failure_mode_allow,
+        )
+        async with run_envoy(config, admin_port, concurrency=envoy_concurrency):
+            yield Stack(f"http://127.0.0.1:{listen_port}", pool.backends, pool.picker, pool.metrics_url)
 
 
 async def post(

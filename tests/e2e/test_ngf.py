@@ -19,9 +19,9 @@ import orjson
 import pytest
 
 from picker.bench import ngf, procs
-from picker.bench.policies import REFERENCE_CONFIG_TEXT
 from tests.e2e.backends import STREAM_WORDS, Backend
-from tests.e2e.procs import free_port, run_picker
+from tests.e2e.pool import picker_over_backends
+from tests.e2e.procs import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -39,40 +39,21 @@ class Stack:
 async def stack(
     tmp_path: Path, *, failure_mode: str = ngf.FAIL_CLOSE, queues: tuple[int, ...] = (10, 0, 5), tls: bool = True
 ) -> AsyncIterator[Stack]:
-    backends = [Backend(f"b{i}", queue=q) for i, q in enumerate(queues)]
-    for b in backends:
-        await b.start()
-    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     listen_port, shim_port = free_port(), free_port()
-    args = [
-        "--endpoints", ",".join(b.hostport for b in backends),
-        "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
-        "--metrics-port", str(metrics_port), "--refresh-metrics-interval", "50ms",
-        "--config-text", REFERENCE_CONFIG_TEXT,  # route by the scraped queues (as test_envoy.py)
-        f"--secure-serving={'true' if tls else 'false'}",
-    ]  # fmt: skip
-    config = ngf.render(
-        tmp_path / "nginx",
-        listen_port=listen_port,
-        shim_port=shim_port,
-        picker_host="127.0.0.1",
-        picker_port=grpc_port,
-        backends=[("127.0.0.1", b.port) for b in backends],
-        failure_mode=failure_mode,
-    )
-    try:
-        async with (
-            run_picker(args, health_url=f"http://127.0.0.1:{metrics_port}/metrics") as picker,
-            ngf.run_shim(shim_port, tls=tls) as shim,
-            ngf.run_nginx(config, listen_port) as nginx,
-        ):
-            await asyncio.sleep(0.3)  # a few scrape intervals: picker has seen every queue
-            yield Stack(f"http://127.0.0.1:{listen_port}", backends, picker, nginx, shim)
+    async with picker_over_backends(queues, [f"--secure-serving={'true' if tls else 'false'}"]) as pool:
+        config = ngf.render(
+            tmp_path / "nginx",
+            listen_port=listen_port,
+            shim_port=shim_port,
+            picker_host="127.0.0.1",
+            picker_port=pool.grpc_port,
+            backends=[("127.0.0.1", b.port) for b in pool.backends],
+            failure_mode=failure_mode,
+        )
+        async with ngf.run_shim(shim_port, tls=tls) as shim, ngf.run_nginx(config, listen_port) as nginx:
+            yield Stack(f"http://127.0.0.1:{listen_port}", pool.backends, pool.picker, nginx, shim)
             for child in (nginx, shim):
                 child.check()
-    finally:
-        for b in backends:
-            await b.stop()
 
 
 async def post(
