@@ -82,6 +82,11 @@ class PeerLoads:
         self._expire(now)
         return self._tokens.get(key, 0)
 
+    def totals(self, now: float) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        """(requests, tokens) per endpoint key, only the endpoints some fresh peer has work on. Read only."""
+        self._expire(now)
+        return self._requests, self._tokens
+
     def tokens_of(self, endpoints: Iterable[HasKey], now: float) -> list[int]:
         self._expire(now)
         get = self._tokens.get

@@ -94,6 +94,9 @@ class LoadView(Protocol):
         ...
 
 
+_NO_LOAD = EndpointLoad()  # an endpoint nobody has work on; never mutated
+
+
 @dataclass(frozen=True, slots=True)
 class PluginContext:
     """What a plugin may use besides its inputs: a clock, picker's own in-flight counts, a random source."""
@@ -137,22 +140,40 @@ class PluginContext:
         n = self.inflight.requests(key)
         return n if self.peers is None else n + self.peers.requests(key, self.clock())
 
+    def ledger_loads(self) -> Mapping[str, EndpointLoad]:
+        """Endpoint key → in-flight load, picker's own plus its peers' (with a peer exchange), for every endpoint
+        with any; absent keys have none. Read only (picker's own table itself when no peer has work anywhere)."""
+        own = self.inflight.loads()
+        if self.peers is None:
+            return own
+        requests, tokens = self.peers.totals(self.clock())
+        if not requests and not tokens:
+            return own
+        merged = dict(own)
+        for key in requests.keys() | tokens.keys():
+            base = own.get(key, _NO_LOAD)
+            merged[key] = EndpointLoad(
+                base.requests + requests.get(key, 0), base.tokens + tokens.get(key, 0), base.ttft_s, base.tpot_s
+            )
+        return merged
+
+    def _ledger_get(self) -> Callable[[str], EndpointLoad]:
+        if self.peers is None:
+            return self.inflight.load
+        merged = self.ledger_loads()
+        return lambda key: merged.get(key) or _NO_LOAD
+
     def server_requests(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """``server_load(e).requests`` for each endpoint, in order (a scorer's loop, without an object each)."""
-        if self.peers is not None:  # the peers' counts join picker's own first: the exact path
-            return [self.server_load(e).requests for e in endpoints]
-        return serverload.requests_of(endpoints, self.inflight.load, self.clock(), self.metrics_max_age_s)
+        return serverload.requests_of(endpoints, self._ledger_get(), self.clock(), self.metrics_max_age_s)
 
     def server_tokens(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """``server_load(e).tokens(request_tokens, decode_tokens)`` for each endpoint, in order, foreign requests
         weighed at picker's averages (``InflightTracker.request_tokens`` / ``decode_tokens``)."""
         inflight = self.inflight
-        if self.peers is not None:  # the peers' counts join picker's own first: the exact path
-            per_request, per_decode = inflight.request_tokens, inflight.decode_tokens
-            return [self.server_load(e).tokens(per_request, per_decode) for e in endpoints]
         return serverload.tokens_of(
             endpoints,
-            inflight.load,
+            self._ledger_get(),
             self.clock(),
             inflight.request_tokens,
             inflight.decode_tokens,

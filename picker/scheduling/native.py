@@ -36,11 +36,11 @@ NATIVE = module is not None  # whether the C extension is in use
 def server_tokens(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
     """``ctx.server_tokens(endpoints)``, in C when the extension is in use."""
     fast = module
-    if fast is not None and ctx.peers is None:  # with peers, their counts join picker's own: ctx's exact path
+    if fast is not None:
         inflight = ctx.inflight
         now, max_age_s = ctx.clock(), ctx.metrics_max_age_s
         found: list[float] | None = fast.tokens_of(
-            endpoints, inflight.loads(), now, inflight.request_tokens, inflight.decode_tokens, max_age_s
+            endpoints, ctx.ledger_loads(), now, inflight.request_tokens, inflight.decode_tokens, max_age_s
         )
         if found is not None:
             return found
@@ -50,9 +50,9 @@ def server_tokens(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[flo
 def server_requests(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
     """``ctx.server_requests(endpoints)``, in C when the extension is in use."""
     fast = module
-    if fast is not None and ctx.peers is None:  # with peers, their counts join picker's own: ctx's exact path
+    if fast is not None:
         found: list[float] | None = fast.tokens_of(
-            endpoints, ctx.inflight.loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, True
+            endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, True
         )
         if found is not None:
             return found

@@ -208,8 +208,8 @@ def test_the_context_helpers_equal_the_plugin_context(monkeypatch: pytest.Monkey
 
 
 def test_with_peers_the_load_estimates_count_the_peers_in_flight_requests() -> None:
-    # The native loops know only picker's own ledger; with a peer exchange the peers' counts must join it first,
-    # so native.server_tokens / server_requests defer to PluginContext.server_load's exact path.
+    # With a peer exchange the peers' counts join picker's own ledger (PluginContext.ledger_loads) before the
+    # native loops read it: the same numbers as PluginContext.server_load's exact path, the C extension or not.
     import random
 
     from picker.endpoints.inflight import InflightTracker
@@ -230,3 +230,9 @@ def test_with_peers_the_load_estimates_count_the_peers_in_flight_requests() -> N
     assert load_path.server_tokens(ctx, eps) == [ctx.server_load(e).tokens(per_request, per_decode) for e in eps]
     assert load_path.server_requests(ctx, eps) == [ctx.server_load(e).requests for e in eps]
     assert load_path.server_requests(ctx, eps)[1] == 5  # the peer's 4 in flight explain 4 of the 5 reported
+    assert ctx.server_tokens(eps) == load_path.server_tokens(ctx, eps)  # the pure-Python loop agrees
+    assert ctx.server_requests(eps) == load_path.server_requests(ctx, eps)
+    assert ctx.ledger_loads()[eps[1].key].requests == 4  # the peer's
+    assert ctx.ledger_loads()[eps[0].key].requests == 1  # picker's own
+    peers.update(1, clock.now, {}, full=True)  # the peer has nothing left in flight: picker's own table again
+    assert ctx.ledger_loads() is ctx.inflight.loads()
