@@ -7,11 +7,12 @@ Parameters: ``maxNumOfEndpoints`` ≥ 1 (reference); picker's ``tieBreak`` and `
 
 * ``tieBreak`` ``random`` (reference): ties are broken uniformly at random (the reference shuffles, then sorts
   stably — the same distribution, drawn here without a shuffle). ``roundRobin``: the tied endpoint this picker
-  chose least recently wins (never chosen: the lowest key first). When every endpoint ties on every cycle that
-  is exactly round robin; when the tied set changes it still spreads evenly, because an endpoint just chosen
-  for any reason (a cache hit included) waits behind every other tied one. Random choice leaves runs of two or
-  three picks on one endpoint; when the requests are short, each lands in the prefill step of the one before it
-  and waits for it (docs/scheduling.md, "The tie-break").
+  chose least recently wins (never chosen: in an order drawn at random once per endpoint, so that picker
+  replicas, each with its own rotation, do not all start on the same endpoint). When every endpoint ties on
+  every cycle that is exactly round robin; when the tied set changes it still spreads evenly, because an
+  endpoint just chosen for any reason (a cache hit included) waits behind every other tied one. Random choice
+  leaves runs of two or three picks on one endpoint; when the requests are short, each lands in the prefill step
+  of the one before it and waits for it (docs/scheduling.md, "The tie-break").
 * ``tieTolerance`` 0 (exact ties only; ≥ 0, in score units of the weighted total): endpoints whose total is within
   this of the best count as tied, so a difference smaller than what the scorers can tell apart (a few tokens of
   load, one more block placed) does not decide alone.
@@ -46,7 +47,7 @@ class Params(CountingParams):
 
 class MaxScorePicker(CountingPicker):
     type: ClassVar[str] = TYPE
-    __slots__ = ("_last_chosen", "_picks", "_round_robin", "_tolerance")
+    __slots__ = ("_first_order", "_last_chosen", "_picks", "_round_robin", "_tolerance")
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class MaxScorePicker(CountingPicker):
         self._tolerance = tie_tolerance
         self._picks = 0  # primaries chosen so far: the clock of ``_last_chosen``
         self._last_chosen: dict[str, int] = {}  # endpoint key -> the pick number when it was last the primary
+        self._first_order: dict[str, float] = {}  # endpoint key -> its random place among the never chosen
 
     def pick_ranked(self, endpoints: Sequence[Endpoint], totals: Sequence[float], cycle: CycleState) -> ProfileResult:
         """``pick`` over parallel sequences (the profile's fast path: no ScoredEndpoint per endpoint)."""
@@ -91,9 +93,16 @@ class MaxScorePicker(CountingPicker):
         self._chose(endpoints, order[0])
         return ProfileResult(tuple(endpoints[i] for i in order[: self._count]))
 
-    def _recency(self, endpoint: Endpoint) -> tuple[int, str]:
-        """Sort key of the round-robin tie-break: least recently chosen first, then by key."""
-        return self._last_chosen.get(endpoint.key, -1), endpoint.key
+    def _recency(self, endpoint: Endpoint) -> tuple[int, float]:
+        """Sort key of the round-robin tie-break: least recently chosen first; never chosen in a random order."""
+        key = endpoint.key
+        last = self._last_chosen.get(key)
+        if last is not None:
+            return last, 0.0
+        place = self._first_order.get(key)
+        if place is None:
+            place = self._first_order[key] = self._rng.random()
+        return -1, place
 
     def _chose(self, endpoints: Sequence[Endpoint], chosen: int) -> None:
         if not self._round_robin:
@@ -104,6 +113,7 @@ class MaxScorePicker(CountingPicker):
         if len(last) > 2 * len(endpoints) + 64:  # endpoints came and went: forget the ones not offered now
             keys = {e.key for e in endpoints}
             self._last_chosen = {k: n for k, n in last.items() if k in keys}
+            self._first_order = {k: p for k, p in self._first_order.items() if k in keys}
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Picker:
