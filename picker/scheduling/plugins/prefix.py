@@ -40,7 +40,8 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   for e, which its LRU caps at e's KV size, so once every server's cache is full (a busy pool) all are equal and
   the spread says nothing. ``placed``: the blocks picker placed on e that e did not hold yet (what SGLang's tree
   grows by), fading with a half-life of ``placedHalfLifeS`` (60 s; ≥ 1 s), so cold prompts keep being spread by
-  the new content each server has had to take in lately, however full the caches.
+  the new content each server has had to take in lately, however full the caches (session traffic far past the
+  knee: multi-turn 80 req/s 3.8 → 3.1 s p90 in the lab; it costs elsewhere, so it is not the default).
 * ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance,
   after SGLang's cache-aware router (which routes on load alone once max n - min n > abs and max n > rel * min n).
   Here it is the endpoint, not the pool, that is tested: with n_e as for the cap and m the least n among the
@@ -50,7 +51,8 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   acts as soon as one is far behind (a session workload far past the knee, where every holder is busy and
   the affinity would keep feeding it). Only this scorer's score changes: an adapter's affinity (LoRA) still
   counts, so adapters are not split, and the match is still left in the cycle, so the load scorers still
-  count the prefill a holder would save.
+  count the prefill a holder would save. Off by default: in the policy lab no setting helped (each moved
+  sessions off their cached server; docs/scheduling.md, "The tie-break and the imbalance rule").
 """
 
 from __future__ import annotations
