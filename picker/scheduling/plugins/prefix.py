@@ -36,6 +36,23 @@ picker's options (all off by default, so the reference behaviour is unchanged):
 * ``coldSpread`` 0 (off; ≤ 1): a request whose blocks no endpoint holds scores
   coldSpread * (1 - blocks_e / max_c blocks_c), blocks_e being the blocks picker has placed on e (all equal ⇒
   coldSpread): new prefixes go to the endpoint with the least cached content (SGLang's smallest tree).
+* ``coldSpreadBasis`` ``held`` (default) | ``placed``: what blocks_e counts. ``held``: the blocks the index holds
+  for e, which its LRU caps at e's KV size, so once every server's cache is full (a busy pool) all are equal and
+  the spread says nothing. ``placed``: the blocks picker placed on e that e did not hold yet (what SGLang's tree
+  grows by), fading with a half-life of ``placedHalfLifeS`` (60 s; ≥ 1 s), so cold prompts keep being spread by
+  the new content each server has had to take in lately, however full the caches (session traffic far past the
+  knee: multi-turn 80 req/s 3.8 → 3.1 s p90 in the lab; it costs elsewhere, so it is not the default).
+* ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance,
+  after SGLang's cache-aware router (which routes on load alone once max n - min n > abs and max n > rel * min n).
+  Here it is the endpoint, not the pool, that is tested: with n_e as for the cap and m the least n among the
+  candidates, an endpoint with n_e - m > balanceAbsThreshold and n_e > balanceRelThreshold * m scores 0 (no
+  affinity, no spread), so the request goes where the load scorers send it among the endpoints not that far
+  ahead. The cap above compares with the mean and waits for 3x; this compares with the least busy server and
+  acts as soon as one is far behind (a session workload far past the knee, where every holder is busy and
+  the affinity would keep feeding it). Only this scorer's score changes: an adapter's affinity (LoRA) still
+  counts, so adapters are not split, and the match is still left in the cycle, so the load scorers still
+  count the prefill a holder would save. Off by default: in the policy lab no setting helped (each moved
+  sessions off their cached server; docs/scheduling.md, "The tie-break and the imbalance rule").
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ from picker.plugins import (
     SchedulingResult,
 )
 from picker.scheduling import native
+from picker.scheduling.decaying import DecayingCounts
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
@@ -72,6 +90,7 @@ __all__ = [
     "PrefixMatch",
     "create",
     "match_key",
+    "over_bound",
 ]
 
 TYPE = "prefix-cache-scorer"
@@ -100,6 +119,10 @@ class Params(PluginParams):
     max_load_factor: float = Field(default=0.0, ge=0.0)
     load_cap_floor: int = Field(default=1, ge=1)
     cold_spread: float = Field(default=0.0, ge=0.0, le=1.0)
+    cold_spread_basis: Literal["held", "placed"] = "held"
+    placed_half_life_s: float = Field(default=60.0, ge=1.0)
+    balance_abs_threshold: float = Field(default=0.0, ge=0.0)
+    balance_rel_threshold: float = Field(default=1.1, ge=1.0)
 
     @field_validator("max_load_factor")
     @classmethod
@@ -167,6 +190,12 @@ class PrefixCacheScorer:
         # this scorer learns from this replica's own picks.
         self.on_learn: Callable[[str, str, int, Sequence[int]], None] | None = None
         self._holders_key = f"{self._state_key}/holders"
+        # New blocks placed per endpoint, fading (``coldSpreadBasis: placed``); None when the basis is ``held``.
+        self._placed = (
+            DecayingCounts(params.placed_half_life_s, ctx.clock)
+            if ctx is not None and params.cold_spread_basis == "placed"
+            else None
+        )
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -182,16 +211,22 @@ class PrefixCacheScorer:
             return ScoreVector.constant(endpoints, 0.0)
         params = self.params
         if match.cold:
-            return self._spread(endpoints) if params.cold_spread > 0.0 else ScoreVector.constant(endpoints, 0.0)
-        counts = match.blocks
-        if params.score_mode == "ratio":
-            total = match.total_blocks
-            scores = [counts.get(e.key, 0) / total for e in endpoints]
+            if params.cold_spread <= 0.0:
+                return ScoreVector.constant(endpoints, 0.0)
+            scores = self._spread(endpoints)
         else:
-            scale = match.prompt_tokens / float(params.saturation_tokens)
-            scores = [(x if (x := scale * (1.0 - u)) < 1.0 else 1.0) for u in match.uncached_fractions(endpoints)]
-        if params.max_load_factor > 0.0:
-            self._cap_hot(endpoints, scores)
+            counts = match.blocks
+            if params.score_mode == "ratio":
+                total = match.total_blocks
+                scores = [counts.get(e.key, 0) / total for e in endpoints]
+            else:
+                scale = match.prompt_tokens / float(params.saturation_tokens)
+                scores = [(x if (x := scale * (1.0 - u)) < 1.0 else 1.0) for u in match.uncached_fractions(endpoints)]
+            if params.max_load_factor > 0.0 and (loads := self._loads(endpoints)):
+                self._cap_hot(loads, scores)
+        if params.balance_abs_threshold > 0.0 and (loads := self._loads(endpoints)):
+            for i in over_bound(loads, params):
+                scores[i] = 0.0
         return ScoreVector(endpoints, scores)
 
     def match(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> PrefixMatch:
@@ -254,29 +289,40 @@ class PrefixCacheScorer:
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         self.index.retain(keys)
+        if self._placed is not None:
+            self._placed.retain(keys)
 
-    def _cap_hot(self, endpoints: Sequence[Endpoint], scores: list[float]) -> None:
+    def _loads(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """The requests each endpoint works on (empty without a context)."""
         ctx = self._ctx
         if ctx is None or not endpoints:
-            return
+            return []
+        return native.server_requests(ctx, endpoints)
+
+    def _cap_hot(self, loads: Sequence[float], scores: list[float]) -> None:
         params = self.params
-        loads = native.server_requests(ctx, endpoints)
-        cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(endpoints)), params.load_cap_floor)
+        cap = max(math.ceil(params.max_load_factor * (sum(loads) + 1) / len(loads)), params.load_cap_floor)
         for i, n in enumerate(loads):
             if n + 1 > cap:
                 scores[i] = 0.0
 
-    def _spread(self, endpoints: Sequence[Endpoint]) -> ScoreVector:
+    def _spread(self, endpoints: Sequence[Endpoint]) -> list[float]:
         spread = self.params.cold_spread
-        sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
-        high = max(sizes, default=0)
-        if high == 0:
-            return ScoreVector.constant(endpoints, spread)
-        return ScoreVector(endpoints, [spread * (1.0 - s / high) for s in sizes])
+        placed = self._placed
+        if placed is not None:
+            sizes: list[float] = [placed.get(e.key) for e in endpoints]
+        else:
+            sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
+        high = max(sizes, default=0.0)
+        if high <= 0.0:
+            return [spread] * len(endpoints)
+        return [spread * (1.0 - s / high) for s in sizes]
 
     def _learn(self, endpoint: Endpoint, hashes: Sequence[int]) -> None:
         capacity = endpoint.metrics.num_gpu_blocks if self.params.auto_tune else None
-        self.index.add(endpoint.key, hashes, capacity)
+        added = self.index.add(endpoint.key, hashes, capacity)
+        if self._placed is not None and added:
+            self._placed.add(endpoint.key, added)
 
     def _block_sizes(self, first: Endpoint | None) -> tuple[int, int]:
         """(tokens, bytes) per block, auto-tuned from the first candidate's metrics."""
@@ -308,6 +354,16 @@ class PrefixCacheScorer:
         blocks = _Blocks(block_bytes, hashes, size)
         cycle[self._state_key] = blocks
         return blocks
+
+
+def over_bound(loads: Sequence[float], params: Params) -> list[int]:
+    """The positions of the endpoints more than ``balanceAbsThreshold`` requests and more than
+    ``balanceRelThreshold`` times ahead of the least busy one. Both must hold, as in SGLang: the absolute margin
+    keeps a pool at low load from tripping on noise, the relative one a pool at high load."""
+    low = min(loads)
+    abs_bound = low + params.balance_abs_threshold
+    rel_bound = low * params.balance_rel_threshold
+    return [i for i, n in enumerate(loads) if n > abs_bound and n > rel_bound]
 
 
 def _cache_salt(req: InferenceRequest) -> str:

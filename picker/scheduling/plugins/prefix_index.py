@@ -102,10 +102,12 @@ class PrefixIndex:
         """Endpoint key → blocks it holds, walking from the first hash until one that no endpoint holds."""
         return _match(self._holders, hashes)
 
-    def add(self, key: str, hashes: Sequence[int], capacity: int | None = None) -> None:
-        """Record that endpoint ``key`` now holds ``hashes``; evict its least recently used beyond capacity."""
+    def add(self, key: str, hashes: Sequence[int], capacity: int | None = None) -> int:
+        """Record that endpoint ``key`` now holds ``hashes``; evict its least recently used beyond capacity.
+        Returns how many of the blocks it did not hold before."""
         if not hashes:
-            return
+            return 0
+        added = 0
         lru = self._lru.get(key)
         if lru is None:
             lru = self._lru[key] = OrderedDict()
@@ -115,6 +117,7 @@ class PrefixIndex:
                 lru.move_to_end(h)
             else:
                 lru[h] = None
+                added += 1
                 holders = holders_of.get(h)
                 if holders is None:
                     holders_of[h] = key
@@ -127,6 +130,7 @@ class PrefixIndex:
         while len(lru) > limit:
             old, _ = lru.popitem(last=False)
             self._drop(old, key)
+        return added
 
     def retain(self, keys: Iterable[str]) -> list[str]:
         """Forget every endpoint not in ``keys``; returns the forgotten keys."""

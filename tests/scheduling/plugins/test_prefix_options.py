@@ -197,3 +197,68 @@ def test_a_match_only_on_a_non_candidate_is_cold() -> None:
     scores = by_key(scorer.score(req, EPS[:2], cycle))
     assert cycle[MATCH_STATE].cold
     assert scores == {E1: 0.5, E2: 0.5}
+
+
+@pytest.mark.parametrize(
+    ("held_by_e2", "others", "affinity"),
+    [
+        (4, 0, True),  # 4 ahead of the least busy: not beyond balanceAbsThreshold 4
+        (5, 0, False),  # 5 ahead and beyond 1.5 x 0: the load scorers decide
+        (11, 6, False),  # 5 ahead and beyond 1.5 x 6 = 9
+        (20, 14, True),  # 6 ahead but within 1.5 x 14 = 21: a busy pool is not imbalanced by 6
+    ],
+)
+def test_bounded_imbalance_drops_affinity_only_beyond_both_thresholds(
+    held_by_e2: int, others: int, affinity: bool
+) -> None:
+    c = ctx()
+    scorer = _scorer(c, balanceAbsThreshold=4, balanceRelThreshold=1.5)
+    req = request(prompt="s" * 300)
+    _learn(scorer, req, EPS[1])
+    for key, n in ((E1, others), (E2, held_by_e2), (E3, others)):
+        for _ in range(n):
+            c.inflight.acquire(key, 1, 0.0)
+    assert by_key(scorer.score(req, EPS, CycleState())) == {E1: 0.0, E2: 1.0 if affinity else 0.0, E3: 0.0}
+
+
+def test_bounded_imbalance_also_bounds_the_cold_spread() -> None:
+    c = ctx()
+    scorer = _scorer(c, coldSpread=1.0, balanceAbsThreshold=2)
+    for _ in range(3):
+        c.inflight.acquire(E1, 1, 0.0)
+    assert by_key(scorer.score(request(prompt="c" * (BLOCK * 2)), EPS, CycleState())) == {E1: 0.0, E2: 1.0, E3: 1.0}
+
+
+def test_bounded_imbalance_is_off_by_default_and_validated() -> None:
+    assert prefix.Params().balance_abs_threshold == 0.0
+    with pytest.raises(ValidationError):
+        prefix.Params(balanceRelThreshold=0.9)
+    with pytest.raises(ValidationError):
+        prefix.Params(balanceAbsThreshold=-1)
+
+
+def test_cold_spread_placed_basis_keeps_spreading_when_every_cache_is_full() -> None:
+    c = ctx()
+    held = _scorer(c, coldSpread=1.0, lruCapacityPerServer=2, autoTune=False)
+    placed = _scorer(c, coldSpread=1.0, lruCapacityPerServer=2, autoTune=False, coldSpreadBasis="placed")
+    for scorer in (held, placed):
+        for i, target in enumerate((EPS[0], EPS[0], EPS[0], EPS[1])):
+            _learn(scorer, request(prompt=f"{i}" * (BLOCK * 2)), target)
+    cold = request(prompt="c" * (BLOCK * 2))
+    # Each LRU holds its 2 blocks: "held" sees E1 = E2, "placed" sees that E1 took 6 new blocks and E2 2.
+    assert by_key(held.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    assert by_key(placed.score(cold, EPS, CycleState())) == {E1: 0.0, E2: round(1 - 2 / 6, 9), E3: 1.0}
+
+
+def test_cold_spread_placed_counts_only_new_blocks_and_fade() -> None:
+    c = ctx()
+    scorer = _scorer(c, coldSpread=1.0, coldSpreadBasis="placed", placedHalfLifeS=10)
+    req = request(prompt="s" * (BLOCK * 4))
+    for _ in range(3):
+        _learn(scorer, req, EPS[0])  # the same prompt again: nothing new after the first time
+    _learn(scorer, request(prompt="t" * (BLOCK * 2)), EPS[1])
+    cold = request(prompt="c" * (BLOCK * 2))
+    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}
+    c.clock.advance(10.0)  # type: ignore[attr-defined]
+    _learn(scorer, request(prompt="u" * (BLOCK * 2)), EPS[0])  # E1: 4 / 2 + 2 = 4, E2: 2 / 2 = 1
+    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.75, E3: 1.0}

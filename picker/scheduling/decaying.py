@@ -1,0 +1,42 @@
+"""Per-key counts that fade: each unit added loses half its weight every ``half_life_s``.
+
+What a scorer uses to remember "how much was sent where lately" without a window of events: one float and one
+timestamp per key, brought up to date when read or added to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+__all__ = ["DecayingCounts"]
+
+
+class DecayingCounts:
+    __slots__ = ("_clock", "_counts", "_rate")
+
+    def __init__(self, half_life_s: float, clock: Callable[[], float]) -> None:
+        if not half_life_s > 0.0:
+            raise ValueError("half_life_s must be > 0")
+        self._rate = math.log(2.0) / half_life_s  # per second; inf half-life ⇒ 0: counts never fade
+        self._clock = clock
+        self._counts: dict[str, tuple[float, float]] = {}  # key -> (count, when it was last brought up to date)
+
+    def add(self, key: str, amount: float) -> None:
+        now = self._clock()
+        self._counts[key] = (self._at(key, now) + amount, now)
+
+    def get(self, key: str) -> float:
+        return self._at(key, self._clock())
+
+    def retain(self, keys: Iterable[str]) -> None:
+        """Forget every key not in ``keys``."""
+        keep = set(keys)
+        self._counts = {k: v for k, v in self._counts.items() if k in keep}
+
+    def _at(self, key: str, now: float) -> float:
+        found = self._counts.get(key)
+        if found is None:
+            return 0.0
+        count, then = found
+        return count * math.exp(-self._rate * (now - then)) if now > then else count
