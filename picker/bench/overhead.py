@@ -432,16 +432,22 @@ def _plot(rows: list[Row], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r.server} x{r.workers}\n{r.endpoints or '-'} eps\n{_size(r.prompt_bytes)}" for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax1.bar(labels, [r.rps for r in rows], color=["#888" if r.server != "picker" else "#2a7" for r in rows])
+    labels = [
+        f"{r.server if r.server != 'picker' else f'picker x{r.workers}'} {r.endpoints or ''} {_size(r.prompt_bytes)}"
+        for r in rows
+    ]
+    colors = ["#888" if r.server != "picker" else ("#2a7" if r.workers == 1 else "#17a") for r in rows]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5.5))
+    ax1.bar(labels, [r.rps for r in rows], color=colors)
     ax1.set_ylabel("requests/s (new stream per request)")
     ax2.bar(labels, [r.decision_p99_ms for r in rows], color="#c63", label="p99")
     ax2.bar(labels, [r.decision_p50_ms for r in rows], color="#27a", label="p50")
     ax2.set_ylabel("decision latency, ms")
     ax2.legend()
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle("picker overhead vs a do-nothing ext_proc server")
+    ax3.bar(labels, [r.cpu_ms_per_request for r in rows], color=colors)
+    ax3.set_ylabel("server CPU per request, ms (all processes)")
+    for ax in (ax1, ax2, ax3):
+        ax.tick_params(axis="x", labelsize=7, labelrotation=60)
+    fig.suptitle("picker (x workers, endpoints, prompt) vs a do-nothing ext_proc server")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
