@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import multiprocessing
@@ -48,7 +49,7 @@ from picker.discovery.kubesettings import KubeSettings
 from picker.extproc import tls
 from picker.settings import Settings
 from picker.telemetry import logs
-from picker.telemetry.merge import merge_pages
+from picker.telemetry.merge import CounterCarry, merge_pages
 
 __all__ = [
     "WORKER_FLUSH_INTERVAL_S",
@@ -264,22 +265,43 @@ async def supervise(plan: WorkerPlan, kube: KubeSettings | None) -> int:
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_SCRAPE_TIMEOUT_S))
     restarts_total = 0
 
+    carry = CounterCarry()
+    last_pages: dict[int, str] = {}  # each worker's last page: its counts stand in while it does not answer
+    merging = asyncio.Lock()  # the carry's state: one merge at a time
+
     async def page() -> bytes:
-        pages = await asyncio.gather(*(_fetch(session, port) for port in plan.metrics_ports if port))
-        got = [p for p in pages if p is not None]
-        alive = sum(w.process.is_alive() for w in workers)
+        ports = [(i, port) for i, port in enumerate(plan.metrics_ports) if port]
+        pages = await asyncio.gather(*(_fetch(session, port) for _, port in ports))
+        answered = 0
+        for (i, _), text in zip(ports, pages, strict=True):
+            if text is not None:
+                last_pages[i] = text
+                answered += 1
+        workers_seen = sorted(last_pages)
+        fresh = {i for (i, _), text in zip(ports, pages, strict=True) if text is not None}
+        stale = {n for n, i in enumerate(workers_seen) if i not in fresh}
         gauge = GaugeMetricFamily("picker_workers", "picker's worker processes (--workers)", labels=["state"])
         gauge.add_metric(["configured"], plan.count)
-        gauge.add_metric(["alive"], alive)
-        gauge.add_metric(["scraped"], len(got))
+        gauge.add_metric(["alive"], sum(w.process.is_alive() for w in workers))
+        gauge.add_metric(["scraped"], answered)
         restarts = GaugeMetricFamily("picker_worker_restarts", "worker processes restarted after dying")
         restarts.add_metric([], restarts_total)
         extra: list[Metric] = [gauge, restarts]
-        try:
-            return await loop.run_in_executor(None, merge_pages, got, extra)
-        except ValueError:
-            log.exception("a worker's /metrics page is not the text format")
-            return await loop.run_in_executor(None, merge_pages, [], extra)
+        merge = functools.partial(
+            merge_pages,
+            [last_pages[i] for i in workers_seen],
+            extra,
+            workers=workers_seen,
+            carry=carry,
+            stale=stale,
+        )
+        async with merging:
+            try:
+                return await loop.run_in_executor(None, merge)
+            except ValueError:
+                log.exception("a worker's /metrics page is not the text format")
+                last_pages.clear()
+                return await loop.run_in_executor(None, merge_pages, [], extra)
 
     authorize, close_auth = app.metrics_authorizer(srv, kube)
     try:  # before any worker starts: a taken metrics port fails the start as for one picker
@@ -323,6 +345,8 @@ async def supervise(plan: WorkerPlan, kube: KubeSettings | None) -> int:
                 if now - w.died < w.backoff_s:
                     continue
                 w.process.close()
+                carry.restarted(w.index)  # what it counted stays in the pod's counters
+                last_pages.pop(w.index, None)
                 w.process, w.started, w.died = start(w.index), now, None
                 w.restarts += 1
                 restarts_total += 1

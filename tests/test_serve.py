@@ -28,7 +28,7 @@ from picker.bench import procs
 from picker.bench.extproc_client import build_messages
 from picker.discovery.kubesettings import KubeSettings
 from picker.settings import PeerSettings, ServerSettings, Settings
-from picker.telemetry.merge import merge_pages
+from picker.telemetry.merge import CounterCarry, merge_pages
 
 # -- how many workers ---------------------------------------------------------------------------------------
 
@@ -174,6 +174,31 @@ def test_merge_sums_events_and_own_work_but_not_pool_gauges() -> None:
         merge_pages(["this is { not a page"])
 
 
+def test_merged_counters_never_drop_when_a_worker_restarts_or_misses_a_scrape() -> None:
+    carry = CounterCarry()
+
+    def merged(*pages: tuple[int, str], stale: tuple[int, ...] = ()) -> str:
+        return merge_pages([p for _, p in pages], workers=[w for w, _ in pages], carry=carry, stale=stale).decode()
+
+    def page(routed: int, streams: int, shed: int = 0) -> str:
+        return _PAGE.format(routed=routed, shed=shed, streams=streams, queue=1, fast=0)
+
+    routed, shed = 'picker_requests_total{outcome="routed"}', 'picker_requests_total{outcome="shed"}'
+    assert gauge(merged((0, page(10, 1)), (1, page(5, 1, shed=3))), routed) == 15
+    # Worker 1 does not answer: its last page stands in for its counts, not for its gauges.
+    text = merged((0, page(14, 3)), (1, page(5, 7, shed=3)), stale=(1,))
+    assert gauge(text, routed) == 14 + 5
+    assert gauge(text, "picker_extproc_streams") == 3
+    # Worker 1 is restarted: what it counted stays counted, also in a series it has not counted again yet.
+    carry.restarted(1)
+    text = merged((0, page(15, 1)), (1, page(2, 0).replace('{outcome="shed"} 0', '{outcome="other"} 0')))
+    assert gauge(text, routed) == 15 + 5 + 2
+    assert gauge(text, shed) == 3
+    assert gauge(text, "picker_decision_seconds_count") == 15 + 5 + 2  # histograms too
+    text = merged((0, page(16, 1)), (1, page(4, 0, shed=1)))
+    assert (gauge(text, routed), gauge(text, shed)) == (16 + 5 + 4, 3 + 1)
+
+
 # -- real processes -----------------------------------------------------------------------------------------
 
 ENDPOINTS = 4
@@ -245,6 +270,14 @@ async def scrape(metrics_port: int) -> str:
 def gauge(text: str, series: str) -> float | None:
     match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else None
+
+
+def successes(text: str) -> float:
+    """Scheduling successes, summed over every endpoint's series."""
+    found = re.findall(
+        r'^inference_extension_scheduler_attempts_total\{[^}]*status="success"[^}]*\} (\S+)$', text, re.M
+    )
+    return sum(float(v) for v in found)
 
 
 async def until_page(metrics_port: int, series: str, value: float, child: procs.Child, timeout_s: float = 30) -> str:
@@ -339,12 +372,15 @@ async def test_two_workers_share_the_port_and_schedule_as_one(tmp_path: Path) ->
                 call.cancel()
                 await channel.close()
 
-        # A worker that dies is replaced; the pod keeps serving on the same port meanwhile.
+        # A worker that dies is replaced; the pod keeps serving on the same port meanwhile, and the pod's counters
+        # keep what the dead worker had counted.
+        assert successes(await scrape(metrics_port)) == HELD
         os.kill(pids[0], signal.SIGKILL)
         await until_page(metrics_port, "picker_worker_restarts", 1, child)
         await until_page(metrics_port, 'picker_workers{state="scraped"}', 2, child)
         channel, call, destination = await hold(f"127.0.0.1:{grpc_port}", 99)
         assert destination.startswith("10.9.0.")
+        assert successes(await scrape(metrics_port)) == HELD + 1
         call.cancel()
         await channel.close()
         assert len(worker_pids(child.pid)) == 2
