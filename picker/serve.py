@@ -272,18 +272,14 @@ async def supervise(plan: WorkerPlan, kube: KubeSettings | None) -> int:
     async def page() -> bytes:
         ports = [(i, port) for i, port in enumerate(plan.metrics_ports) if port]
         pages = await asyncio.gather(*(_fetch(session, port) for _, port in ports))
-        answered = 0
-        for (i, _), text in zip(ports, pages, strict=True):
-            if text is not None:
-                last_pages[i] = text
-                answered += 1
+        fresh = {i: text for (i, _), text in zip(ports, pages, strict=True) if text is not None}
+        last_pages.update(fresh)
         workers_seen = sorted(last_pages)
-        fresh = {i for (i, _), text in zip(ports, pages, strict=True) if text is not None}
         stale = {n for n, i in enumerate(workers_seen) if i not in fresh}
         gauge = GaugeMetricFamily("picker_workers", "picker's worker processes (--workers)", labels=["state"])
         gauge.add_metric(["configured"], plan.count)
         gauge.add_metric(["alive"], sum(w.process.is_alive() for w in workers))
-        gauge.add_metric(["scraped"], answered)
+        gauge.add_metric(["scraped"], len(fresh))
         restarts = GaugeMetricFamily("picker_worker_restarts", "worker processes restarted after dying")
         restarts.add_metric([], restarts_total)
         extra: list[Metric] = [gauge, restarts]

@@ -40,8 +40,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from picker.bench import envoy, lab_report, ngf, procs
 from picker.bench import stack as stack_procs
 from picker.bench import workloads as wl
@@ -169,21 +167,17 @@ def run(args: argparse.Namespace) -> int:
         title = f"picker demo: {workload.name}, {plan.sims} simulated servers behind {gateway_name}"
         lab_report.plot_rows(rows, args.png, title)
         print(f"wrote {args.png}")
-    if args.json is not None:
-        doc = {
+    return stack_procs.finish(
+        "picker demo",
+        rows,
+        children,
+        args.json,
+        lambda: {
             "plan": {f: getattr(plan, f) for f in DemoPlan.__dataclass_fields__},
             "phases": [lab_report.row_json(r) for r in rows],
             "ratios": ratios,
-            "processes": [{"name": c.name, "pid": c.pid, "returncode": c.returncode} for c in children],
-        }
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-        print(f"wrote {args.json}")
-    failed = sum(r.summary.failed for r in rows)
-    if failed:
-        errors = {k: v for r in rows for k, v in r.summary.errors.items()}
-        print(f"picker demo: {failed} requests failed: {errors}", file=sys.stderr)
-        return 1
-    return 0
+        },
+    )
 
 
 # -- the run ------------------------------------------------------------------------------------------------------

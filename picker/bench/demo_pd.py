@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -133,8 +132,12 @@ def run(args: argparse.Namespace) -> int:
         png = args.png if args.png != Path("picker-demo.png") else Path("picker-demo-pd.png")
         lab_report.plot_rows(rows, png, f"picker demo --pd: {plan.fleet} vs {fleet.engines} aggregated, behind Envoy")
         print(f"wrote {png}")
-    if args.json is not None:
-        doc = {
+    return stack_procs.finish(
+        "picker demo --pd",
+        rows,
+        children,
+        args.json,
+        lambda: {
             "plan": {f: getattr(plan, f) for f in PdDemoPlan.__dataclass_fields__},
             "phases": [
                 {
@@ -145,16 +148,8 @@ def run(args: argparse.Namespace) -> int:
                 }
                 for r, p in zip(rows, phases, strict=True)
             ],
-            "processes": [{"name": c.name, "pid": c.pid, "returncode": c.returncode} for c in children],
-        }
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-        print(f"wrote {args.json}")
-    failed = sum(r.summary.failed for r in rows)
-    if failed:
-        errors = {k: v for r in rows for k, v in r.summary.errors.items()}
-        print(f"picker demo --pd: {failed} requests failed: {errors}", file=sys.stderr)
-        return 1
-    return 0
+        },
+    )
 
 
 def _max_itl_p90(result: LoadResult) -> float:

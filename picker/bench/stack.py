@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
-from picker.bench import procs
+import orjson
+
+from picker.bench import lab_report, procs
 from picker.bench.load import LoadResult
 
 __all__ = ["picker_serve", "sims", "watched"]
@@ -72,3 +76,27 @@ async def watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.Ch
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def finish(
+    name: str,
+    rows: Sequence[lab_report.Row],
+    children: Sequence[procs.Child],
+    json_path: Path | None,
+    doc: Callable[[], dict[str, Any]],
+) -> int:
+    """A demo's end: ``doc()`` plus its processes written to ``json_path`` (if given); exit 1 when any request
+    failed (saying which errors), else 0."""
+    if json_path is not None:
+        out = {
+            **doc(),
+            "processes": [{"name": c.name, "pid": c.pid, "returncode": c.returncode} for c in children],
+        }
+        json_path.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        print(f"wrote {json_path}")
+    failed = sum(r.summary.failed for r in rows)
+    if failed:
+        errors = {k: v for r in rows for k, v in r.summary.errors.items()}
+        print(f"{name}: {failed} requests failed: {errors}", file=sys.stderr)
+        return 1
+    return 0

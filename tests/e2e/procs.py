@@ -9,10 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
 
 from picker.bench import envoy
 from picker.bench.envoy import envoy_binary
@@ -52,3 +56,18 @@ async def run_picker(args: Sequence[str], health_url: str | None = None) -> Asyn
             raise
         finally:
             await stop_process(proc)
+
+
+def run_demo(cwd: Path, args: Sequence[str], timeout_s: float) -> str:
+    """``picker demo ARGS`` in ``cwd`` to its end; its output. Fails the test on a timeout or a non-zero exit."""
+    argv = [sys.executable, "-m", "picker.cli", "demo", *args]
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        raw, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raw, _ = proc.communicate()
+        pytest.fail(f"the demo did not finish in {timeout_s:g} s:\n{raw.decode(errors='replace')[-4000:]}")
+    out = raw.decode(errors="replace")
+    assert proc.returncode == 0, out
+    return out

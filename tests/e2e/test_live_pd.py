@@ -6,14 +6,12 @@ sample config in ``picker serve`` and llm-d's routing sidecar in front of the de
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+
+from tests.e2e.procs import run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -21,18 +19,7 @@ TIMEOUT_S = 120.0
 
 
 def test_disaggregated_serving_through_envoy_with_no_failed_request(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "picker.cli", "demo", "--pd", "--short", "--json", "pd.json", "--png", "pd.png"]
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        raw, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raw, _ = proc.communicate()
-        pytest.fail(f"the demo did not finish in {TIMEOUT_S:g} s:\n{raw.decode(errors='replace')[-4000:]}")
-    out = raw.decode(errors="replace")
-    assert proc.returncode == 0, out
+    run_demo(tmp_path, ["--pd", "--short", "--json", "pd.json", "--png", "pd.png"], TIMEOUT_S)
     doc = orjson.loads((tmp_path / "pd.json").read_bytes())
     aggregated, pd = doc["phases"]
     for phase in (aggregated, pd):

@@ -7,14 +7,12 @@ that the p90 is past the cold first requests of each prompt group).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+
+from tests.e2e.procs import run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -23,19 +21,7 @@ TIMEOUT_S = 88.0
 
 
 def test_picker_default_beats_envoy_round_robin_on_p90_ttft(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "picker.cli", "demo", "--duration", str(DURATION_S), "--json", "demo.json"]
-    argv += ["--png", "demo.png"]
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        raw, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raw, _ = proc.communicate()
-        pytest.fail(f"the demo did not finish in {TIMEOUT_S:g} s:\n{raw.decode(errors='replace')[-4000:]}")
-    out = raw.decode(errors="replace")
-    assert proc.returncode == 0, out
+    run_demo(tmp_path, ["--duration", str(DURATION_S), "--json", "demo.json", "--png", "demo.png"], TIMEOUT_S)
     doc = orjson.loads((tmp_path / "demo.json").read_bytes())
     rr, picker = (phase["summary"] for phase in doc["phases"])
     for s in (rr, picker):
