@@ -7,6 +7,8 @@
 #                           kubernetes-validate (kubeconform's default schema download is unreachable here)
 #   .tools/bin/ngf-epp-shim the NGINX Gateway Fabric endpoint-picker shim stand-in (go build of tools/ngf-shim;
 #                           NGF's own module is not served by the Go module proxy reachable here)
+#   .tools/bin/extproc-load the compiled ext_proc load client of `picker bench overhead` (go build of
+#                           tools/extproc-load)
 #   nginx + njs             Debian's nginx and libnginx-mod-http-js (apt-get), for NGF's data path
 #   buildah, mmdebstrap     Debian's packages (apt-get), to build the container image (scripts/build-image.sh)
 # Idempotent: each tool is skipped when the pinned version is already there; a re-run takes about a second.
@@ -40,13 +42,17 @@ go_tool() {  # go_tool NAME PACKAGE MODULE VERSION
 go_tool helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
 go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform github.com/yannh/kubeconform "$KUBECONFORM_VERSION"
 
-# The NGF shim stand-in: rebuilt when its sources are newer than the binary (go.sum pins every module).
-SHIM_SRC=tools/ngf-shim
-if [ ! -x "$BIN/ngf-epp-shim" ] || [ -n "$(find "$SHIM_SRC" -newer "$BIN/ngf-epp-shim" -type f | head -1)" ]; then
-  command -v go >/dev/null || { echo "install-tools: go is needed to build the NGF shim" >&2; exit 1; }
-  echo "install-tools: go build $SHIM_SRC"
-  (cd "$SHIM_SRC" && GOFLAGS=-buildvcs=false go build -trimpath -o "$BIN/ngf-epp-shim" .)
-fi
+# The Go programs of tools/: each rebuilt when its sources are newer than its binary (go.sum pins every module).
+go_build() {  # go_build SOURCE_DIR BINARY
+  local src=$1 out=$BIN/$2
+  if [ ! -x "$out" ] || [ -n "$(find "$src" -newer "$out" -type f | head -1)" ]; then
+    command -v go >/dev/null || { echo "install-tools: go is needed to build $src" >&2; exit 1; }
+    echo "install-tools: go build $src"
+    (cd "$src" && GOFLAGS=-buildvcs=false go build -trimpath -o "$out" .)
+  fi
+}
+go_build tools/ngf-shim ngf-epp-shim
+go_build tools/extproc-load extproc-load
 
 # From Debian's packages: nginx with njs (NGINX Gateway Fabric's data path: tests/e2e/test_ngf.py, picker demo)
 # and buildah + mmdebstrap (the container image: scripts/build-image.sh, tests/deploy/test_image.py).
@@ -83,5 +89,5 @@ SCHEMA_SOURCE=$("$VENV/bin/python" -c 'import importlib.util, pathlib; \
 print(pathlib.Path(importlib.util.find_spec("kubernetes_validate").origin).parent / "kubernetes-json-schema")')
 "$VENV/bin/python" tests/deploy/kube_schemas.py --source "$SCHEMA_SOURCE" --out "$TOOLS/kube-schemas" >/dev/null
 
-echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-epp-shim (tools/ngf-shim)"
+echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-epp-shim (tools/ngf-shim), extproc-load (tools/extproc-load)"
 echo "install-tools: helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, hadolint $("$BIN/hadolint" --version | awk '{print $NF}'), kube schemas in .tools/kube-schemas"

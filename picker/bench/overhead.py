@@ -5,9 +5,17 @@ Each configuration starts a fresh server process (``picker serve`` in plaintext,
 the body in ≤ 64 KiB chunks. Two passes per configuration:
 
 * latency: one request at a time — p50/p99 of the *decision* (last body byte sent → headers response received);
-* throughput: ``--concurrency`` workers for ``--duration`` seconds — completed requests per second, over
-  ``--connections`` TCP connections from ``--client-procs`` processes (several connections, so that picker's
-  ``--workers`` each get some: the kernel spreads connections, not streams, over them).
+* throughput: ``--concurrency`` streams for ``--duration`` seconds — completed requests per second, over
+  ``--connections`` TCP connections (several, so that picker's ``--workers`` each get some: the kernel spreads
+  connections, not streams, over them). The client is ``tools/extproc-load`` (``--client go``, the default; Go,
+  built by ``scripts/install-tools.sh``) or this package's Python client (``--client python``, from
+  ``--client-procs`` processes). The Python client spends about a millisecond of CPU per request, as much as the
+  server it measures, so on a small machine it takes the cores the server would use; Envoy, the real client, is
+  compiled, and so is the Go one (~0.4 ms of CPU per request here).
+
+``--repeat N`` measures every configuration N times in rounds (each round: the do-nothing server, then every
+picker configuration, each a fresh process). The table shows medians, and "vs null" is the median of the ratios
+taken within each round, so a neighbour's burst on a shared machine moves one round's pair, not the figure.
 
 ``--workers 1,2`` measures picker with each worker count. On a machine where the client shares the cores with the
 server (this VM: 2 cores), more workers cannot show more than the cores left over; the table says so.
@@ -26,7 +34,9 @@ import json
 import multiprocessing
 import os
 import random
+import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,7 +54,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from picker.bench import procs
 from picker.bench.extproc_client import ExtProcClient, build_messages
 
-__all__ = ["configure", "prompt_bodies", "run"]
+__all__ = ["ClientNotFound", "Row", "Summary", "configure", "go_client", "prompt_bodies", "run", "summarize"]
 
 _WORDS = [
     "alpha",
@@ -93,6 +103,46 @@ class Row:
     decision_p99_ms: float
     errors: int
     cpu_ms_per_request: float  # the server's CPU (every process of it) over the throughput pass, per request
+    client_cpu_ms_per_request: float = 0.0  # the load client's CPU over the throughput pass, per request
+    round: int = 0  # --repeat: which round measured it
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """One configuration over every round: medians, and the do-nothing ratio taken within each round."""
+
+    server: str
+    workers: int
+    endpoints: int
+    prompt_bytes: int
+    rounds: int
+    rps: float
+    vs_null: float | None  # median over rounds of rps / the same round's do-nothing rps (None: not picker)
+    vs_null_range: tuple[float, float] | None
+    decision_p50_ms: float
+    decision_p99_ms: float
+    cpu_ms_per_request: float
+    client_cpu_ms_per_request: float
+    errors: int
+
+
+GO_CLIENT = "extproc-load"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+class ClientNotFound(RuntimeError):
+    pass
+
+
+def go_client() -> str:
+    """The Go load client's path (``tools/extproc-load``, built by ``scripts/install-tools.sh``)."""
+    for candidate in (_REPO / ".tools" / "bin" / GO_CLIENT, shutil.which(GO_CLIENT)):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    raise ClientNotFound(
+        f"the Go load client is not built: run scripts/install-tools.sh (go build tools/{GO_CLIENT}), "
+        "or pass --client python"
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +151,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default="1", help="picker --workers counts to test (comma list)")
     parser.add_argument("--concurrency", type=int, default=64, help="concurrent streams in the throughput pass")
     parser.add_argument("--connections", type=int, default=8, help="TCP connections in the throughput pass")
-    parser.add_argument("--client-procs", type=int, default=1, help="client processes in the throughput pass")
+    parser.add_argument(
+        "--client",
+        choices=("go", "python"),
+        default="go",
+        help="the throughput pass's load client: tools/extproc-load (go) or picker's Python client",
+    )
+    parser.add_argument(
+        "--client-procs", type=int, default=1, help="--client python: client processes in the throughput pass"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every configuration (medians shown)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput pass")
     parser.add_argument("--latency-requests", type=int, default=300, help="sequential requests, latency pass")
     parser.add_argument("--scrape-interval", default="1s", help="picker's --refresh-metrics-interval")
@@ -117,12 +176,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.client == "go":
+        try:
+            args.go_client = go_client()
+        except ClientNotFound as exc:
+            print(f"picker bench overhead: {exc}", file=sys.stderr)
+            return 2
     rows = asyncio.run(_main(args))
-    _print_table(rows)
+    print(f"throughput client: {args.client}; {max(1, args.repeat)} round(s), medians")
+    _print_table(summarize(rows))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([asdict(r) for r in rows], indent=2))
     if args.png:
-        _plot(rows, args.png)
+        _plot(summarize(rows), args.png)
     return 0
 
 
@@ -132,54 +198,64 @@ async def _main(args: argparse.Namespace) -> list[Row]:
     worker_counts = [int(x) for x in args.workers.split(",")]
     rows: list[Row] = []
     async with _metrics_stub(max(counts)) as metrics_port:
-        for size in sizes:
-            bodies = prompt_bodies(size)
-            async with _server([sys.executable, "-m", "picker.bench.nullproc", "{port}"]) as served:
-                rows.append(await _measure("do-nothing", 1, 0, size, served, bodies, args))
-            for count in counts:
-                with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-                    json.dump(
-                        [
-                            {
-                                "address": f"10.{i // 250}.{i % 250}.1",
-                                "port": 8000,
-                                "metricsUrl": f"http://127.0.0.1:{metrics_port}/metrics/{i}",
-                            }
-                            for i in range(count)
-                        ],
-                        f,
-                    )
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "picker.cli",
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--grpc-port",
-                    "{port}",
-                    "--grpc-health-port",
-                    "0",
-                    "--metrics-port",
-                    "0",
-                    "--secure-serving=false",
-                    "--endpoints-file",
-                    f.name,
-                    "--refresh-metrics-interval",
-                    args.scrape_interval,
-                    "--metrics-staleness-threshold",
-                    args.staleness,
-                ]
-                if args.prefilter is not None:
-                    cmd += ["--prefilter-endpoints", str(args.prefilter)]
-                cmd += shlex.split(args.picker_args)
-                try:
-                    for workers in worker_counts:
-                        settle_s = 1.0 + count / 200 + (2.0 if workers > 1 else 0.0)  # workers: spawn, peer links
-                        async with _server([*cmd, "--workers", str(workers)], settle_s=settle_s) as served:
-                            rows.append(await _measure("picker", workers, count, size, served, bodies, args))
-                finally:
-                    os.unlink(f.name)
+        for round_ in range(max(1, args.repeat)):
+            for size in sizes:
+                rows.extend(await _size_round(round_, size, counts, worker_counts, metrics_port, args))
+    return rows
+
+
+async def _size_round(
+    round_: int, size: int, counts: list[int], worker_counts: list[int], metrics_port: int, args: argparse.Namespace
+) -> list[Row]:
+    """One round at one prompt size: the do-nothing server, then every picker configuration."""
+    rows: list[Row] = []
+    bodies = prompt_bodies(size)
+    async with _server([sys.executable, "-m", "picker.bench.nullproc", "{port}"]) as served:
+        rows.append(await _measure("do-nothing", 1, 0, size, served, bodies, args, round_))
+    for count in counts:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(
+                [
+                    {
+                        "address": f"10.{i // 250}.{i % 250}.1",
+                        "port": 8000,
+                        "metricsUrl": f"http://127.0.0.1:{metrics_port}/metrics/{i}",
+                    }
+                    for i in range(count)
+                ],
+                f,
+            )
+        cmd = [
+            sys.executable,
+            "-m",
+            "picker.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--grpc-port",
+            "{port}",
+            "--grpc-health-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--secure-serving=false",
+            "--endpoints-file",
+            f.name,
+            "--refresh-metrics-interval",
+            args.scrape_interval,
+            "--metrics-staleness-threshold",
+            args.staleness,
+        ]
+        if args.prefilter is not None:
+            cmd += ["--prefilter-endpoints", str(args.prefilter)]
+        cmd += shlex.split(args.picker_args)
+        try:
+            for workers in worker_counts:
+                settle_s = 1.0 + count / 200 + (2.0 if workers > 1 else 0.0)  # workers: spawn, peer links
+                async with _server([*cmd, "--workers", str(workers)], settle_s=settle_s) as served:
+                    rows.append(await _measure("picker", workers, count, size, served, bodies, args, round_))
+        finally:
+            os.unlink(f.name)
     return rows
 
 
@@ -221,6 +297,7 @@ async def _measure(
     served: tuple[int, int],
     bodies: list[bytes],
     args: argparse.Namespace,
+    round_: int = 0,
 ) -> Row:
     port, pid = served
     messages = _messages(bodies)
@@ -236,23 +313,77 @@ async def _measure(
             decisions.append(ex.decision_s)
     finally:
         await client.close()
+    cpu_before, client_before = _tree_cpu_s(pid), _own_cpu_s()
+    if args.client == "go":
+        done, failed, elapsed = await _drive_go(args.go_client, port, bodies, args)
+    else:
+        done, failed, elapsed = await _drive_python(port, size, args)
+    cpu_ms = (_tree_cpu_s(pid) - cpu_before) * 1000 / max(1, done)
+    client_ms = (_own_cpu_s() - client_before) * 1000 / max(1, done)
+    q = statistics.quantiles(decisions, n=100, method="inclusive")
+    return Row(
+        server,
+        workers,
+        count,
+        size,
+        done / elapsed,
+        q[49] * 1000,
+        q[98] * 1000,
+        errors + failed,
+        cpu_ms,
+        client_ms,
+        round_,
+    )
+
+
+async def _drive_python(port: int, size: int, args: argparse.Namespace) -> tuple[int, int, float]:
     procs_n = max(1, args.client_procs)
     share = _Share(port, size, args.duration, max(1, args.concurrency // procs_n), max(1, args.connections // procs_n))
-    cpu_before = _tree_cpu_s(pid)
     if procs_n == 1:
-        done, failed, elapsed = await _drive(share)
-    else:
-        loop = asyncio.get_running_loop()
-        with ProcessPoolExecutor(procs_n, mp_context=multiprocessing.get_context("spawn")) as pool:
-            start_at = time.time() + 2.0  # after every process has started and connected
-            parts = await asyncio.gather(
-                *(loop.run_in_executor(pool, _drive_in_process, share, start_at) for _ in range(procs_n))
-            )
-        done, failed = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        elapsed = max(p[2] for p in parts)
-    cpu_ms = (_tree_cpu_s(pid) - cpu_before) * 1000 / max(1, done)
-    q = statistics.quantiles(decisions, n=100, method="inclusive")
-    return Row(server, workers, count, size, done / elapsed, q[49] * 1000, q[98] * 1000, errors + failed, cpu_ms)
+        return await _drive(share)
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(procs_n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        start_at = time.time() + 2.0  # after every process has started and connected
+        parts = await asyncio.gather(
+            *(loop.run_in_executor(pool, _drive_in_process, share, start_at) for _ in range(procs_n))
+        )
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), max(p[2] for p in parts)
+
+
+async def _drive_go(binary: str, port: int, bodies: list[bytes], args: argparse.Namespace) -> tuple[int, int, float]:
+    """The throughput pass by ``tools/extproc-load``: (completed, failed, seconds)."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".bodies") as f:
+        f.write(b"\n".join(bodies) + b"\n")  # JSON bodies hold no raw newline
+        f.flush()
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            "-target",
+            f"127.0.0.1:{port}",
+            "-bodies",
+            f.name,
+            "-mode",
+            "throughput",
+            "-duration",
+            f"{args.duration}s",
+            "-concurrency",
+            str(args.concurrency),
+            "-connections",
+            str(args.connections),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{GO_CLIENT} failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}")
+    result = json.loads(out)
+    return int(result["completed"]), int(result["failed"]), float(result["elapsed_s"])
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process (the Python client, and the metrics stub) and of its reaped children (the Go
+    client, --client-procs processes)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -393,28 +524,62 @@ async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout_s: flo
     raise TimeoutError(f"port {port} did not open within {timeout_s}s")
 
 
-def _print_table(rows: list[Row]) -> None:
-    null = {r.prompt_bytes: r.rps for r in rows if r.server == "do-nothing"}
+def summarize(rows: list[Row]) -> list[Summary]:
+    """One summary per configuration, in first-measured order: medians over rounds; the do-nothing ratio is taken
+    within each round (a fresh pair on the same few seconds of the machine), then its median."""
+    null = {(r.round, r.prompt_bytes): r.rps for r in rows if r.server == "do-nothing"}
+    groups: dict[tuple[str, int, int, int], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.server, r.workers, r.endpoints, r.prompt_bytes), []).append(r)
+    out = []
+    for (server, workers, endpoints, size), group in groups.items():
+        ratios = [r.rps / null[r.round, size] for r in group if server == "picker" and null.get((r.round, size))]
+        out.append(
+            Summary(
+                server=server,
+                workers=workers,
+                endpoints=endpoints,
+                prompt_bytes=size,
+                rounds=len(group),
+                rps=statistics.median(r.rps for r in group),
+                vs_null=statistics.median(ratios) if ratios else None,
+                vs_null_range=(min(ratios), max(ratios)) if ratios else None,
+                decision_p50_ms=statistics.median(r.decision_p50_ms for r in group),
+                decision_p99_ms=statistics.median(r.decision_p99_ms for r in group),
+                cpu_ms_per_request=statistics.median(r.cpu_ms_per_request for r in group),
+                client_cpu_ms_per_request=statistics.median(r.client_cpu_ms_per_request for r in group),
+                errors=sum(r.errors for r in group),
+            )
+        )
+    return out
+
+
+def _print_table(rows: list[Summary]) -> None:
     least = min((x.endpoints for x in rows if x.server == "picker"), default=0)
     base = {(r.prompt_bytes, r.workers): r.rps for r in rows if r.server == "picker" and r.endpoints == least}
     one = {(r.prompt_bytes, r.endpoints): r.rps for r in rows if r.server == "picker" and r.workers == 1}
     head = (
-        f"{'server':<11}{'workers':>8}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'cost vs min eps':>16}"
-        f"{'vs 1 worker':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>11}{'errors':>8}"
+        f"{'server':<11}{'workers':>8}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'(range)':>12}"
+        f"{'cost vs min eps':>16}{'vs 1 worker':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>11}{'client':>8}"
+        f"{'errors':>8}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         picker = r.server == "picker"
-        share = f"{r.rps / null[r.prompt_bytes]:.0%}" if picker and null.get(r.prompt_bytes) else ""
+        share = f"{r.vs_null:.0%}" if r.vs_null is not None else ""
+        spread = (
+            f"{r.vs_null_range[0]:.0%}-{r.vs_null_range[1]:.0%}" if r.vs_null_range is not None and r.rounds > 1 else ""
+        )
         b = base.get((r.prompt_bytes, r.workers))
         cost = f"{b / r.rps:.2f}x" if picker and b else ""
         o = one.get((r.prompt_bytes, r.endpoints))
         scale = f"{r.rps / o:.2f}x" if picker and o and r.workers > 1 else ""
         eps = str(r.endpoints) if picker else "-"
         print(
-            f"{r.server:<11}{r.workers:>8}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{cost:>16}"
-            f"{scale:>12}{r.decision_p50_ms:>9.2f}{r.decision_p99_ms:>9.2f}{r.cpu_ms_per_request:>11.2f}{r.errors:>8}"
+            f"{r.server:<11}{r.workers:>8}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{spread:>12}"
+            f"{cost:>16}{scale:>12}{r.decision_p50_ms:>9.2f}{r.decision_p99_ms:>9.2f}{r.cpu_ms_per_request:>11.2f}"
+            f"{r.client_cpu_ms_per_request:>8.2f}{r.errors:>8}"
         )
     cores = len(os.sched_getaffinity(0))
     if any(r.workers > 1 for r in rows):
@@ -426,7 +591,7 @@ def _size(n: int) -> str:
     return f"{n // 1024} KiB" if n >= 1024 else f"{n} B"
 
 
-def _plot(rows: list[Row], path: str) -> None:
+def _plot(rows: list[Summary], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -5,16 +5,24 @@ against N endpoints with varied scraped metrics, including ``pre_request`` (the 
 prints µs per cycle (median of ``--repeat`` timings); ``--prefilter`` as ``picker serve --prefilter-endpoints``.
 The part of picker's per-request cost that grows with the endpoint count and the prompt length; ``picker bench
 overhead`` measures the whole request over real gRPC.
+
+``--whole-path`` adds a column: the whole request in process, as the servicer runs it for the overhead
+benchmark's messages (request headers, then the body with end_of_stream; then the stream's close): parsing,
+admission, scheduling, the in-flight lease, metrics and the answers, without gRPC. Over gRPC, picker costs the
+do-nothing server's CPU per request plus about this path (docs/performance.md), so this column is the figure to
+drive down.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import statistics
 import time
 from pathlib import Path
 
+from picker.bench import path as whole_path
 from picker.bench.overhead import prompt_bodies
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint, EndpointMetrics
@@ -39,15 +47,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="--prefilter-endpoints of the scheduler (0: off; default: picker serve's)",
     )
     parser.add_argument("--config", default=None, help="EndpointPickerConfig file (default: picker's default)")
+    parser.add_argument(
+        "--whole-path", action="store_true", help="also time the whole request path in process (no gRPC)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     config_text = Path(args.config).read_text() if args.config else None
-    print(f"{'endpoints':>10}{'prompt':>10}{'us/cycle':>10}")
+    print(
+        f"{'endpoints':>10}{'prompt':>10}{'us/cycle':>10}" + (f"{'whole path us/req':>19}" if args.whole_path else "")
+    )
     for count in (int(x) for x in args.endpoints.split(",")):
         for size in (int(x) for x in args.sizes.split(",")):
-            print(f"{count:>10}{size // 1024:>7} KiB{_measure(count, size, config_text, args):>10.1f}")
+            line = f"{count:>10}{size // 1024:>7} KiB{_measure(count, size, config_text, args):>10.1f}"
+            if args.whole_path:
+                line += f"{asyncio.run(_measure_path(count, size, config_text, args)):>19.1f}"
+            print(line)
     return 0
+
+
+async def _measure_path(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
+    endpoints = bench_endpoints(count, now=time.monotonic())
+    return await whole_path.measure(
+        endpoints, size, config_text, cycles=args.cycles, repeat=args.repeat, prefilter=args.prefilter
+    )
 
 
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:

@@ -8,7 +8,7 @@ here the priority stays 0.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,11 +100,22 @@ def request_id(headers: Mapping[str, str]) -> str:
     """``x-request-id`` looked up case-insensitively; a new UUIDv4 when absent or empty."""
     value = headers.get(hdr.REQUEST_ID)
     if value is None:
+        size = len(hdr.REQUEST_ID)
         for key, v in headers.items():
-            if key.lower() == hdr.REQUEST_ID:
+            if len(key) == size and key.lower() == hdr.REQUEST_ID:
                 value = v
                 break
-    return value or str(uuid.uuid4())
+    return value or new_request_id()
+
+
+def new_request_id() -> str:
+    """A random UUIDv4 in its text form, as ``str(uuid.uuid4())`` (same randomness) at half the cost: one per
+    request that came without an id."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+
+
+_VARIANT = "89ab"  # RFC 4122 variant: the 17th hex digit is 10xx
 
 
 def _decode(body: bytes) -> dict[str, Any]:

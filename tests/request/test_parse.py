@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from picker import errors
 from picker.request import headers as hdr
 from picker.request.model import ApiKind, Subset
-from picker.request.parse import DEFAULT_FAIRNESS_ID, parse_request
+from picker.request.parse import DEFAULT_FAIRNESS_ID, new_request_id, parse_request
 
 
 def _body(**fields: Any) -> bytes:
@@ -251,6 +251,18 @@ def test_unknown_parser_name_is_a_programming_error() -> None:
 def test_request_id_generated_when_absent() -> None:
     req = parse_request({}, _body(model="m", prompt="p"))
     assert uuid.UUID(req.request_id).version == 4
+
+
+def test_generated_request_ids_are_canonical_random_uuid4s() -> None:
+    ids = [new_request_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == text  # lower-case hex, dashes where str(uuid4()) puts them
+    # All four variant digits and every other digit occur: the bits outside version/variant are random.
+    assert {text[19] for text in ids} == set("89ab")
+    assert {c for text in ids for c in text[24:]} == set("0123456789abcdef")
 
 
 def test_request_id_is_case_insensitive() -> None:

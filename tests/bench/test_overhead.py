@@ -1,0 +1,99 @@
+"""``picker bench overhead``: real short runs with both load clients, the Go client's accounting against a real
+picker, and the summary over rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from picker import cli
+from picker.bench import overhead
+from picker.bench.overhead import Row, prompt_bodies, summarize
+from picker.endpoints.store import EndpointStore
+from tests.conftest import endpoint
+from tests.extproc.conftest import make_store, picker
+
+pytestmark = pytest.mark.slow
+
+
+def _row(server: str, round_: int, rps: float, *, endpoints: int = 16, cpu: float = 1.0) -> Row:
+    return Row(server, 1, endpoints, 4096, rps, 1.0, 2.0, 0, cpu, 0.4, round_)
+
+
+def test_summary_takes_the_do_nothing_ratio_within_each_round() -> None:
+    # Round 1 is a slow moment of the machine for both servers: its pair still gives the same ratio.
+    rows = [
+        _row("do-nothing", 0, 1000),
+        _row("picker", 0, 800, cpu=1.2),
+        _row("do-nothing", 1, 500),
+        _row("picker", 1, 400, cpu=1.4),
+        _row("do-nothing", 2, 1000),
+        _row("picker", 2, 700, cpu=1.3),
+    ]
+    null, pick = summarize(rows)
+    assert (null.server, null.rounds, null.rps, null.vs_null) == ("do-nothing", 3, 1000, None)
+    assert (pick.rounds, pick.rps, pick.cpu_ms_per_request) == (3, 700, 1.3)
+    # Medians of the rates would say 700 / 1000 = 70 %; the per-round ratios are 80 %, 80 % and 70 %.
+    assert pick.vs_null == pytest.approx(0.8)
+    assert pick.vs_null_range == pytest.approx((0.7, 0.8))
+
+
+@pytest.mark.parametrize(("client", "rounds"), [("go", 2), ("python", 1)])
+def test_a_short_run_measures_both_servers(
+    client: str, rounds: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "overhead.json"
+    argv = ["bench", "overhead", "--endpoints", "2", "--sizes", "512", "--duration", "0.5"]
+    argv += ["--latency-requests", "20", "--concurrency", "4", "--connections", "2", "--repeat", str(rounds)]
+    assert cli.main([*argv, "--client", client, "--json", str(out)]) == 0
+    rows = [Row(**r) for r in json.loads(out.read_text())]
+    expected = [(server, n) for n in range(rounds) for server in ("do-nothing", "picker")]
+    assert [(r.server, r.round) for r in rows] == expected
+    for r in rows:
+        assert r.errors == 0
+        assert r.rps > 0
+        assert r.cpu_ms_per_request > 0  # the server's CPU was read from /proc
+        assert r.client_cpu_ms_per_request > 0
+    table = capsys.readouterr().out
+    assert f"throughput client: {client}; {rounds} round(s)" in table
+    assert sum(line.startswith("picker") for line in table.splitlines()) == 1
+
+
+def test_the_go_client_counts_an_immediate_response_as_a_failure(tmp_path: Path) -> None:
+    """Against a picker with no endpoints every request is answered 503: each one completes and fails."""
+    binary = overhead.go_client()
+    bodies = tmp_path / "bodies"
+    bodies.write_bytes(b"\n".join(prompt_bodies(512, n=4)) + b"\n")
+
+    async def drive(store: EndpointStore) -> dict[str, Any]:
+        async with picker(store) as running:
+            proc = await asyncio.create_subprocess_exec(
+                binary,
+                "-target",
+                running.grpc_target,
+                "-bodies",
+                str(bodies),
+                "-mode",
+                "latency",
+                "-requests",
+                "10",
+                "-warmup",
+                "0",
+                stdout=asyncio.subprocess.PIPE,
+            )
+            stdout, _ = await proc.communicate()
+            assert proc.returncode == 0
+            result: dict[str, Any] = json.loads(stdout)
+            return result
+
+    empty = asyncio.run(drive(make_store([])))
+    assert (empty["completed"], empty["failed"]) == (10, 10)
+    served = asyncio.run(drive(make_store([endpoint(1)])))
+    assert (served["completed"], served["failed"]) == (10, 0)
+    decisions = served["decisions_s"]
+    assert len(decisions) == 10
+    assert all(0 < d < 5 for d in decisions)
