@@ -119,6 +119,8 @@ class Summary:
     rps: float
     vs_null: float | None  # median over rounds of rps / the same round's do-nothing rps (None: not picker)
     vs_null_range: tuple[float, float] | None
+    cost_vs_least: float | None  # median over rounds of (rps at the fewest endpoints, same workers) / rps
+    vs_one_worker: float | None  # median over rounds of rps / (rps with one worker, same endpoints); None at 1
     decision_p50_ms: float
     decision_p99_ms: float
     cpu_ms_per_request: float
@@ -525,15 +527,29 @@ async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout_s: flo
 
 
 def summarize(rows: list[Row]) -> list[Summary]:
-    """One summary per configuration, in first-measured order: medians over rounds; the do-nothing ratio is taken
-    within each round (a fresh pair on the same few seconds of the machine), then its median."""
-    null = {(r.round, r.prompt_bytes): r.rps for r in rows if r.server == "do-nothing"}
+    """One summary per configuration, in first-measured order: medians over rounds. Every ratio is taken within
+    each round (the two rates measured minutes apart at most, on the same state of a shared machine), then its
+    median: against the do-nothing server, against the fewest endpoints, against one worker."""
+    rate = {(r.round, r.server, r.workers, r.endpoints, r.prompt_bytes): r.rps for r in rows}
+    least = min((r.endpoints for r in rows if r.server == "picker"), default=0)
     groups: dict[tuple[str, int, int, int], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.server, r.workers, r.endpoints, r.prompt_bytes), []).append(r)
+
+    def ratios(group: list[Row], reference: tuple[str, int, int, int], *, inverse: bool = False) -> list[float]:
+        out = []
+        for r in group:
+            ref = rate.get((r.round, *reference))
+            if ref and r.rps:
+                out.append(ref / r.rps if inverse else r.rps / ref)
+        return out
+
     out = []
     for (server, workers, endpoints, size), group in groups.items():
-        ratios = [r.rps / null[r.round, size] for r in group if server == "picker" and null.get((r.round, size))]
+        picker = server == "picker"
+        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if picker else []
+        cost = ratios(group, ("picker", workers, least, size), inverse=True) if picker else []
+        vs_one = ratios(group, ("picker", 1, endpoints, size)) if picker and workers > 1 else []
         out.append(
             Summary(
                 server=server,
@@ -542,8 +558,10 @@ def summarize(rows: list[Row]) -> list[Summary]:
                 prompt_bytes=size,
                 rounds=len(group),
                 rps=statistics.median(r.rps for r in group),
-                vs_null=statistics.median(ratios) if ratios else None,
-                vs_null_range=(min(ratios), max(ratios)) if ratios else None,
+                vs_null=statistics.median(vs_null) if vs_null else None,
+                vs_null_range=(min(vs_null), max(vs_null)) if vs_null else None,
+                cost_vs_least=statistics.median(cost) if cost else None,
+                vs_one_worker=statistics.median(vs_one) if vs_one else None,
                 decision_p50_ms=statistics.median(r.decision_p50_ms for r in group),
                 decision_p99_ms=statistics.median(r.decision_p99_ms for r in group),
                 cpu_ms_per_request=statistics.median(r.cpu_ms_per_request for r in group),
@@ -555,9 +573,6 @@ def summarize(rows: list[Row]) -> list[Summary]:
 
 
 def _print_table(rows: list[Summary]) -> None:
-    least = min((x.endpoints for x in rows if x.server == "picker"), default=0)
-    base = {(r.prompt_bytes, r.workers): r.rps for r in rows if r.server == "picker" and r.endpoints == least}
-    one = {(r.prompt_bytes, r.endpoints): r.rps for r in rows if r.server == "picker" and r.workers == 1}
     head = (
         f"{'server':<11}{'workers':>8}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'(range)':>12}"
         f"{'cost vs min eps':>16}{'vs 1 worker':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>11}{'client':>8}"
@@ -571,10 +586,8 @@ def _print_table(rows: list[Summary]) -> None:
         spread = (
             f"{r.vs_null_range[0]:.0%}-{r.vs_null_range[1]:.0%}" if r.vs_null_range is not None and r.rounds > 1 else ""
         )
-        b = base.get((r.prompt_bytes, r.workers))
-        cost = f"{b / r.rps:.2f}x" if picker and b else ""
-        o = one.get((r.prompt_bytes, r.endpoints))
-        scale = f"{r.rps / o:.2f}x" if picker and o and r.workers > 1 else ""
+        cost = f"{r.cost_vs_least:.2f}x" if r.cost_vs_least is not None else ""
+        scale = f"{r.vs_one_worker:.2f}x" if r.vs_one_worker is not None else ""
         eps = str(r.endpoints) if picker else "-"
         print(
             f"{r.server:<11}{r.workers:>8}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{spread:>12}"

@@ -20,8 +20,8 @@ from tests.extproc.conftest import make_store, picker
 pytestmark = pytest.mark.slow
 
 
-def _row(server: str, round_: int, rps: float, *, endpoints: int = 16, cpu: float = 1.0) -> Row:
-    return Row(server, 1, endpoints, 4096, rps, 1.0, 2.0, 0, cpu, 0.4, round_)
+def _row(server: str, round_: int, rps: float, *, endpoints: int = 16, workers: int = 1, cpu: float = 1.0) -> Row:
+    return Row(server, workers, endpoints, 4096, rps, 1.0, 2.0, 0, cpu, 0.4, round_)
 
 
 def test_summary_takes_the_do_nothing_ratio_within_each_round() -> None:
@@ -40,6 +40,25 @@ def test_summary_takes_the_do_nothing_ratio_within_each_round() -> None:
     # Medians of the rates would say 700 / 1000 = 70 %; the per-round ratios are 80 %, 80 % and 70 %.
     assert pick.vs_null == pytest.approx(0.8)
     assert pick.vs_null_range == pytest.approx((0.7, 0.8))
+    assert (pick.cost_vs_least, pick.vs_one_worker) == (1.0, None)
+
+
+def test_summary_compares_endpoints_and_workers_within_each_round() -> None:
+    rows = []
+    for round_, scale in enumerate((1.0, 0.5, 0.9)):  # the machine's speed in each round
+        rows += [
+            _row("do-nothing", round_, 1000 * scale),
+            _row("picker", round_, 800 * scale),
+            _row("picker", round_, 1200 * scale, workers=2),
+            _row("picker", round_, 400 * scale, endpoints=1024),
+            _row("picker", round_, 800 * scale, endpoints=1024, workers=2),
+        ]
+    by_config = {(s.workers, s.endpoints): s for s in summarize(rows) if s.server == "picker"}
+    assert by_config[2, 16].vs_one_worker == pytest.approx(1.5)
+    assert by_config[1, 1024].cost_vs_least == pytest.approx(2.0)
+    assert by_config[2, 1024].cost_vs_least == pytest.approx(1.5)  # against 2 workers at 16 endpoints
+    assert by_config[2, 1024].vs_one_worker == pytest.approx(2.0)
+    assert by_config[1, 16].vs_one_worker is None
 
 
 @pytest.mark.parametrize(("client", "rounds"), [("go", 2), ("python", 1)])
