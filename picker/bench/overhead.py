@@ -530,7 +530,8 @@ def summarize(rows: list[Row]) -> list[Summary]:
     """One summary per configuration, in first-measured order: medians over rounds. Every ratio is taken within
     each round (the two rates measured minutes apart at most, on the same state of a shared machine), then its
     median: against the do-nothing server, against the fewest endpoints, against one worker."""
-    rate = {(r.round, r.server, r.workers, r.endpoints, r.prompt_bytes): r.rps for r in rows}
+    rate = {(r.round, r.server, r.workers, r.endpoints, r.prompt_bytes): r.rps for r in rows if r.server == "picker"}
+    rate |= {(r.round, r.server, 0, 0, r.prompt_bytes): r.rps for r in rows if r.server == "do-nothing"}
     least = min((r.endpoints for r in rows if r.server == "picker"), default=0)
     groups: dict[tuple[str, int, int, int], list[Row]] = {}
     for r in rows:
@@ -547,7 +548,7 @@ def summarize(rows: list[Row]) -> list[Summary]:
     out = []
     for (server, workers, endpoints, size), group in groups.items():
         picker = server == "picker"
-        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if picker else []
+        vs_null = ratios(group, ("do-nothing", 0, 0, size)) if picker else []
         cost = ratios(group, ("picker", workers, least, size), inverse=True) if picker else []
         vs_one = ratios(group, ("picker", 1, endpoints, size)) if picker and workers > 1 else []
         out.append(
