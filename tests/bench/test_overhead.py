@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from picker import cli
-from picker.bench import overhead
+from picker.bench import overhead, procs
 from picker.bench.overhead import Row, prompt_bodies, summarize
 from picker.endpoints.store import EndpointStore
 from tests.conftest import endpoint
@@ -116,3 +117,16 @@ def test_the_go_client_counts_an_immediate_response_as_a_failure(tmp_path: Path)
     decisions = served["decisions_s"]
     assert len(decisions) == 10
     assert all(0 < d < 5 for d in decisions)
+
+
+def test_the_go_client_fails_when_nothing_answers(tmp_path: Path) -> None:
+    """No server on the port: the throughput pass exits 1 with the gRPC error, after its duration, not before."""
+    bodies = tmp_path / "bodies"
+    bodies.write_bytes(prompt_bodies(512, n=1)[0] + b"\n")
+    port = procs.free_port()
+    argv = [overhead.go_client(), "-target", f"127.0.0.1:{port}", "-bodies", str(bodies), "-duration", "300ms"]
+    done = subprocess.run([*argv, "-warmup", "0"], capture_output=True, timeout=30, check=False)
+    assert done.returncode == 1
+    assert b"extproc-load:" in done.stderr
+    assert b"Unavailable" in done.stderr or b"connection refused" in done.stderr
+    assert done.stdout == b""

@@ -43,6 +43,7 @@ const (
 	chunkBytes      = 64 * 1024
 	maxMessageBytes = 64 << 20
 	destinationKey  = "x-gateway-destination-endpoint"
+	errorPause      = 10 * time.Millisecond
 )
 
 // The headers picker/bench/overhead.py sends (plus content-length, per body).
@@ -285,6 +286,7 @@ func runThroughput(
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					failed.Add(1)
+					time.Sleep(errorPause) // a server that is down is not hammered in a tight loop
 					continue
 				}
 				completed.Add(1)
