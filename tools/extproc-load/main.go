@@ -44,6 +44,9 @@ const (
 	maxMessageBytes = 64 << 20
 	destinationKey  = "x-gateway-destination-endpoint"
 	errorPause      = 10 * time.Millisecond
+	// Envoy's HTTP/2 default stream and connection windows (256 MiB), set statically as Envoy does: a static
+	// window also turns off grpc-go's BDP probing, whose pings Envoy would not send.
+	windowBytes = 256 << 20
 )
 
 // The headers picker/bench/overhead.py sends (plus content-length, per body).
@@ -161,6 +164,8 @@ func dial(target string) (*grpc.ClientConn, extprocv3.ExternalProcessorClient, e
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)),
+		grpc.WithInitialWindowSize(windowBytes),
+		grpc.WithInitialConnWindowSize(windowBytes),
 	)
 	if err != nil {
 		return nil, nil, err
