@@ -16,6 +16,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.e2e.procs import finish_demo
+
 pytestmark = pytest.mark.e2e
 
 DEMO = [sys.executable, "-m", "picker.cli", "demo", "--short"]
@@ -50,16 +52,6 @@ def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) ->
     )
 
 
-def finish(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the demo did not finish within {timeout_s} s:\n{out.decode(errors='replace')[-4000:]}")
-    return proc.returncode, out.decode(errors="replace")
-
-
 def assert_nothing_left(sid: int) -> None:
     for _ in range(50):  # children are reaped by the demo before it exits; allow the kernel a moment
         left = session_members(sid)
@@ -71,7 +63,7 @@ def assert_nothing_left(sid: int) -> None:
 
 def test_short_demo_shows_picker_ahead_of_round_robin_and_cleans_up(tmp_path: Path) -> None:
     proc = start(["--json", "demo.json", "--png", "demo.png"], tmp_path)
-    code, out = finish(proc, 90.0)
+    code, out = finish_demo(proc, 90.0)
     assert code == 0, out
     assert_nothing_left(proc.pid)
     doc = orjson.loads((tmp_path / "demo.json").read_bytes())
@@ -98,7 +90,7 @@ def test_short_demo_shows_picker_ahead_of_round_robin_and_cleans_up(tmp_path: Pa
 def test_short_demo_through_ngf_data_path(tmp_path: Path) -> None:
     """``picker demo --gateway ngf``: nginx + njs + the NGF shim in front of the simulated servers."""
     proc = start(["--gateway", "ngf", "--duration", "8", "--json", "demo.json", "--png", "demo.png"], tmp_path)
-    code, out = finish(proc, 90.0)
+    code, out = finish_demo(proc, 90.0)
     assert code == 0, out
     assert_nothing_left(proc.pid)
     doc = orjson.loads((tmp_path / "demo.json").read_bytes())
@@ -119,7 +111,7 @@ def test_a_child_that_fails_makes_the_demo_exit_nonzero_and_stops_the_rest(tmp_p
     fake.write_text("#!/bin/sh\necho 'fake envoy: cannot start' >&2\nexit 3\n")
     fake.chmod(0o755)
     proc = start([], tmp_path, env=dict(os.environ, PICKER_ENVOY_BIN=str(fake)))
-    code, out = finish(proc, 60.0)
+    code, out = finish_demo(proc, 60.0)
     assert code == 1, out
     assert "envoy" in out
     assert "fake envoy: cannot start" in out
@@ -138,7 +130,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, seen.decode(errors="replace")
         seen += line
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-    code, out = finish(proc, 30.0)
+    code, out = finish_demo(proc, 30.0)
     assert code == 128 + signal.SIGINT, seen.decode() + out
     assert "SIGINT" in out
     assert_nothing_left(proc.pid)

@@ -62,12 +62,18 @@ def run_demo(cwd: Path, args: Sequence[str], timeout_s: float) -> str:
     """``picker demo ARGS`` in ``cwd`` to its end; its output. Fails the test on a timeout or a non-zero exit."""
     argv = [sys.executable, "-m", "picker.cli", "demo", *args]
     proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    code, out = finish_demo(proc, timeout_s)
+    assert code == 0, out
+    return out
+
+
+def finish_demo(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, str]:
+    """Wait for a demo started in its own session: (exit code, output). On a timeout the whole session is killed
+    and the test fails with the output's tail."""
     try:
         raw, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         raw, _ = proc.communicate()
         pytest.fail(f"the demo did not finish in {timeout_s:g} s:\n{raw.decode(errors='replace')[-4000:]}")
-    out = raw.decode(errors="replace")
-    assert proc.returncode == 0, out
-    return out
+    return proc.returncode, raw.decode(errors="replace")
