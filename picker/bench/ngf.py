@@ -46,7 +46,6 @@ __all__ = [
 
 FAIL_OPEN, FAIL_CLOSE = "FailOpen", "FailClose"
 JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
-_REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = "default_pool_8000"  # NGF names a pool's upstream <namespace>_<service>_<port>
 INTERNAL_PATH = "/_ngf-internal-rule0-route0-inference"
 
@@ -65,9 +64,9 @@ def nginx_binary() -> str:
 
 
 def shim_binary() -> str:
-    for candidate in (_REPO / ".tools" / "bin" / "ngf-epp-shim", shutil.which("ngf-epp-shim")):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
+    found = procs.tool_binary("ngf-epp-shim")
+    if found is not None:
+        return found
     raise NgfNotFound("the NGF endpoint-picker shim is not built: run scripts/install-tools.sh (go build)")
 
 

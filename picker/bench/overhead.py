@@ -36,7 +36,6 @@ import os
 import random
 import resource
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -129,7 +128,6 @@ class Summary:
 
 
 GO_CLIENT = "extproc-load"
-_REPO = Path(__file__).resolve().parents[2]
 
 
 class ClientNotFound(RuntimeError):
@@ -138,9 +136,9 @@ class ClientNotFound(RuntimeError):
 
 def go_client() -> str:
     """The Go load client's path (``tools/extproc-load``, built by ``scripts/install-tools.sh``)."""
-    for candidate in (_REPO / ".tools" / "bin" / GO_CLIENT, shutil.which(GO_CLIENT)):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
+    found = procs.tool_binary(GO_CLIENT)
+    if found is not None:
+        return found
     raise ClientNotFound(
         f"the Go load client is not built: run scripts/install-tools.sh (go build tools/{GO_CLIENT}), "
         "or pass --client python"
@@ -185,12 +183,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"picker bench overhead: {exc}", file=sys.stderr)
             return 2
     rows = asyncio.run(_main(args))
+    summaries = summarize(rows)
     print(f"throughput client: {args.client}; {max(1, args.repeat)} round(s), medians")
-    _print_table(summarize(rows))
+    _print_table(summaries)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([asdict(r) for r in rows], indent=2))
     if args.png:
-        _plot(summarize(rows), args.png)
+        _plot(summaries, args.png)
     return 0
 
 
@@ -317,7 +316,7 @@ async def _measure(
         await client.close()
     go = args.client == "go"
     cpu_before, client_before = _tree_cpu_s(pid), _client_cpu_s(go=go)
-    if args.client == "go":
+    if go:
         done, failed, elapsed = await _drive_go(args.go_client, port, bodies, args)
     else:
         done, failed, elapsed = await _drive_python(port, size, args)

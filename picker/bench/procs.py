@@ -10,17 +10,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO
 
 import aiohttp
 
 from picker.procutil import die_with_parent, free_ports
 
-__all__ = ["Child", "ChildFailed", "free_port", "free_ports", "picker_command", "spawn", "stop_process", "wait_http"]
+__all__ = [
+    "Child",
+    "ChildFailed",
+    "free_port",
+    "free_ports",
+    "picker_command",
+    "spawn",
+    "stop_process",
+    "tool_binary",
+    "wait_http",
+]
 
 
 class ChildFailed(RuntimeError):
@@ -30,6 +42,17 @@ class ChildFailed(RuntimeError):
 def free_port() -> int:
     """A port free on 127.0.0.1 right now, outside the ephemeral range (``free_ports``)."""
     return free_ports(1)[0]
+
+
+_TOOLS_BIN = Path(__file__).resolve().parents[2] / ".tools" / "bin"
+
+
+def tool_binary(name: str) -> str | None:
+    """A program ``scripts/install-tools.sh`` builds into ``.tools/bin`` (else one on PATH), or None."""
+    for candidate in (_TOOLS_BIN / name, shutil.which(name)):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    return None
 
 
 def picker_command() -> list[str]:
