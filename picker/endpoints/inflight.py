@@ -7,7 +7,7 @@ phases). Release is idempotent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,6 +53,8 @@ class InflightTracker:
         self.request_tokens = DEFAULT_REQUEST_TOKENS
         self.decode_tokens = DEFAULT_DECODE_TOKENS
         self._sized = self._decoded = False
+        # Told the key of every endpoint whose load changed (``PeerLoads.attach``: the pool's table follows).
+        self.on_change: Callable[[str], None] | None = None
 
     def acquire(self, endpoint_key: str, tokens: int, now: float) -> Lease:
         load = self._loads.setdefault(endpoint_key, EndpointLoad())
@@ -63,6 +65,8 @@ class InflightTracker:
             self.request_tokens += _SIZE_ALPHA * (tokens - self.request_tokens)
         else:
             self.request_tokens, self._sized = float(tokens), True
+        if self.on_change is not None:
+            self.on_change(endpoint_key)
         return Lease(endpoint_key, tokens, now)
 
     def release(self, lease: Lease) -> bool:
@@ -75,6 +79,8 @@ class InflightTracker:
         if load is not None:
             load.requests = max(0, load.requests - 1)
             load.tokens = max(0, load.tokens - lease.tokens)
+            if self.on_change is not None:
+                self.on_change(lease.endpoint_key)
         return True
 
     def prefilled(self, lease: Lease, prompt_tokens: int) -> None:
@@ -86,6 +92,8 @@ class InflightTracker:
         load = self._loads.get(lease.endpoint_key)
         if load is not None:
             load.tokens = max(0, load.tokens - done)
+            if self.on_change is not None:
+                self.on_change(lease.endpoint_key)
         if self._decoded:
             self.decode_tokens += _SIZE_ALPHA * (lease.tokens - self.decode_tokens)
         else:
@@ -97,6 +105,8 @@ class InflightTracker:
             load.ttft_s = ttft_s if load.ttft_s is None else load.ttft_s + _EWMA_ALPHA * (ttft_s - load.ttft_s)
         if tpot_s is not None:
             load.tpot_s = tpot_s if load.tpot_s is None else load.tpot_s + _EWMA_ALPHA * (tpot_s - load.tpot_s)
+        if self.on_change is not None:
+            self.on_change(endpoint_key)
 
     def load(self, endpoint_key: str) -> EndpointLoad:
         """The current load (a zero load for an endpoint never seen). Do not mutate the result."""
@@ -124,3 +134,5 @@ class InflightTracker:
         keep = set(keys)
         for key in [k for k in self._loads if k not in keep]:
             del self._loads[key]
+            if self.on_change is not None:
+                self.on_change(key)

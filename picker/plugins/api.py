@@ -110,6 +110,10 @@ class PluginContext:
     # What the other picker replicas have in flight (docs/ha.md); None: no peer exchange.
     peers: PeerLoads | None = None
 
+    def __post_init__(self) -> None:
+        if self.peers is not None:
+            self.peers.attach(self.inflight)  # the pool's table (``ledger_loads``) follows picker's ledger
+
     def load(self, endpoint: Endpoint) -> LoadView:
         """picker's in-flight requests and tokens on ``endpoint``, and the TTFT / TPOT it observed there."""
         return self.inflight.load(endpoint.key)
@@ -130,38 +134,30 @@ class PluginContext:
 
     def ledger_tokens(self, endpoints: Sequence[Endpoint]) -> list[int]:
         """In-flight tokens on each endpoint, in order: picker's own, plus its peers' (with a peer exchange)."""
-        own = self.inflight.tokens_of(endpoints)
         if self.peers is None:
-            return own
-        return [a + b for a, b in zip(own, self.peers.tokens_of(endpoints, self.clock()), strict=True)]
+            return self.inflight.tokens_of(endpoints)
+        pooled = self.peers.pooled(self.clock())
+        return [load.tokens if (load := pooled.get(e.key)) is not None else 0 for e in endpoints]
 
     def ledger_requests(self, key: str) -> int:
         """In-flight requests on one endpoint: picker's own plus its peers' (what the poller notes at a scrape)."""
-        n = self.inflight.requests(key)
-        return n if self.peers is None else n + self.peers.requests(key, self.clock())
+        if self.peers is None:
+            return self.inflight.requests(key)
+        load = self.peers.pooled(self.clock()).get(key)
+        return load.requests if load is not None else 0
 
     def ledger_loads(self) -> Mapping[str, EndpointLoad]:
         """Endpoint key → in-flight load, picker's own plus its peers' (with a peer exchange), for every endpoint
-        with any; absent keys have none. Read only (picker's own table itself when no peer has work anywhere)."""
-        own = self.inflight.loads()
+        with any; absent keys have none. Read only (kept up to date at each change: ``PeerLoads.pooled``)."""
         if self.peers is None:
-            return own
-        requests, tokens = self.peers.totals(self.clock())
-        if not requests and not tokens:
-            return own
-        merged = dict(own)
-        for key in requests.keys() | tokens.keys():
-            base = own.get(key, _NO_LOAD)
-            merged[key] = EndpointLoad(
-                base.requests + requests.get(key, 0), base.tokens + tokens.get(key, 0), base.ttft_s, base.tpot_s
-            )
-        return merged
+            return self.inflight.loads()
+        return self.peers.pooled(self.clock())
 
     def _ledger_get(self) -> Callable[[str], EndpointLoad]:
         if self.peers is None:
             return self.inflight.load
-        merged = self.ledger_loads()
-        return lambda key: merged.get(key) or _NO_LOAD
+        pooled = self.peers.pooled(self.clock())
+        return lambda key: pooled.get(key) or _NO_LOAD
 
     def server_requests(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """``server_load(e).requests`` for each endpoint, in order (a scorer's loop, without an object each)."""

@@ -70,3 +70,55 @@ def test_sums_match_a_recount_after_random_reports() -> None:
             live = [r for at, rs in truth.values() if now - at < 0.5 for k, r in rs.items() if k == key]
             assert loads.requests(key, now) == sum(r[0] for r in live)
             assert loads.tokens(key, now) == sum(r[1] for r in live)
+
+
+def test_the_pooled_table_equals_a_fresh_merge_after_random_changes_on_both_sides() -> None:
+    """``pooled`` is kept up to date at each change; it must equal merging the ledger and the peers' sums anew."""
+    import random
+
+    from picker.endpoints.inflight import InflightTracker, Lease
+
+    rng = random.Random(7)
+    own = InflightTracker()
+    loads = PeerLoads(ttl_s=0.5)
+    own.acquire("k0", 100, 0.0)  # entries from before attaching are pooled too
+    loads.update(9, 0.0, {"k1": (1, 10)}, full=True)
+    loads.attach(own)
+    loads.attach(own)  # the same tracker again: no-op
+    leases: list[Lease] = []
+    now = 0.0
+    keys = [f"k{i}" for i in range(5)]
+    for _ in range(4000):
+        now += rng.random() * 0.02
+        action = rng.random()
+        if action < 0.3:
+            leases.append(own.acquire(rng.choice(keys), rng.randrange(1, 900), now))
+        elif action < 0.5 and leases:
+            own.release(leases.pop(rng.randrange(len(leases))))
+        elif action < 0.6 and leases:
+            own.prefilled(rng.choice(leases), rng.randrange(500))
+        elif action < 0.65:
+            own.observe(rng.choice(keys), ttft_s=rng.random())
+        elif action < 0.67:
+            own.forget_except(rng.sample(keys, 3))
+        elif action < 0.95:
+            rows = {rng.choice(keys): (rng.randrange(3), rng.randrange(3) * 100) for _ in range(rng.randrange(3))}
+            loads.update(rng.randrange(3), now, rows, full=rng.random() < 0.2)
+        else:
+            loads.forget(rng.randrange(3))
+        pooled = loads.pooled(now)
+        requests, tokens = loads.totals(now)
+        expected = {}
+        for key in own.loads().keys() | requests.keys():
+            mine = own.load(key)
+            expected[key] = (mine.requests + requests.get(key, 0), mine.tokens + tokens.get(key, 0), mine.ttft_s)
+        assert {k: (v.requests, v.tokens, v.ttft_s) for k, v in pooled.items()} == expected
+
+
+def test_a_tracker_is_followed_by_one_peer_table() -> None:
+    from picker.endpoints.inflight import InflightTracker
+
+    own = InflightTracker()
+    PeerLoads().attach(own)
+    with pytest.raises(ValueError, match="one InflightTracker"):
+        PeerLoads().attach(own)

@@ -234,5 +234,6 @@ def test_with_peers_the_load_estimates_count_the_peers_in_flight_requests() -> N
     assert ctx.server_requests(eps) == load_path.server_requests(ctx, eps)
     assert ctx.ledger_loads()[eps[1].key].requests == 4  # the peer's
     assert ctx.ledger_loads()[eps[0].key].requests == 1  # picker's own
-    peers.update(1, clock.now, {}, full=True)  # the peer has nothing left in flight: picker's own table again
-    assert ctx.ledger_loads() is ctx.inflight.loads()
+    peers.update(1, clock.now, {}, full=True)  # the peer has nothing left in flight: picker's own entries again
+    assert ctx.ledger_loads() == ctx.inflight.loads()
+    assert ctx.ledger_loads()[eps[0].key] is ctx.inflight.loads()[eps[0].key]
