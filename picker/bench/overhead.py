@@ -275,6 +275,13 @@ def prompt_bodies(size: int, n: int = 32) -> list[bytes]:
     return bodies
 
 
+def fresh_prompt_bodies(size: int, n: int) -> list[bytes]:
+    """``n`` bodies like ``prompt_bodies(size)``, each prompt beginning with its own number: no two share a block
+    (a block's hash chains every block before it), so each is new to a prefix index, as new conversations are."""
+    base = prompt_bodies(size)
+    return [base[i % len(base)].replace(b'"prompt":"', b'"prompt":"%d ' % i, 1) for i in range(n)]
+
+
 _HEADERS = {
     ":method": "POST",
     ":path": "/v1/completions",

@@ -7,13 +7,14 @@ The one bench module that imports the service (``.importlinter`` lets it): it me
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
 
 from picker import app
 from picker.bench.extproc_client import build_messages
-from picker.bench.overhead import prompt_bodies
+from picker.bench.overhead import fresh_prompt_bodies, prompt_bodies
 from picker.endpoints.model import Endpoint
 from picker.endpoints.store import EndpointStore
 from picker.extproc.stream import Stream
@@ -23,10 +24,17 @@ __all__ = ["measure"]
 
 
 async def measure(
-    endpoints: Sequence[Endpoint], size: int, config_text: str | None, *, cycles: int, repeat: int, prefilter: int
+    endpoints: Sequence[Endpoint],
+    size: int,
+    config_text: str | None,
+    *,
+    cycles: int,
+    repeat: int,
+    prefilter: int,
+    fresh: bool = False,
 ) -> float:
     """µs per request through ``Stream`` (what the servicer runs per gRPC stream) of a picker started in this
-    event loop without ports' traffic or scraping."""
+    event loop without ports' traffic or scraping. ``fresh``: every request's prompt is new to the prefix index."""
     store = EndpointStore()
     store.set_endpoints(endpoints)
     server = dataclasses.replace(
@@ -37,13 +45,15 @@ async def measure(
         env = running.extproc.env
         messages = [
             build_messages({":method": "POST", ":path": "/v1/completions", "content-length": str(len(b))}, b)
-            for b in prompt_bodies(size)
+            for b in (fresh_prompt_bodies(size, 200 + cycles * repeat) if fresh else prompt_bodies(size))
         ]
 
+        sent = itertools.count()  # across the timings: with ``fresh`` no prompt comes twice
+
         async def requests(n: int) -> None:
-            for i in range(n):
+            for _ in range(n):
                 stream = Stream(env)
-                for message in messages[i % len(messages)]:
+                for message in messages[next(sent) % len(messages)]:
                     await stream.on_message(message)
                 stream.close()
 

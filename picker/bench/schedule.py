@@ -6,6 +6,9 @@ prints µs per cycle (median of ``--repeat`` timings); ``--prefilter`` as ``pick
 The part of picker's per-request cost that grows with the endpoint count and the prompt length; ``picker bench
 overhead`` measures the whole request over real gRPC.
 
+``--fresh``: every request's prompt is one the index has never seen (new conversations, which the index must
+learn and, once full, evict for), instead of 32 prompts in turn that it learns once.
+
 ``--whole-path`` adds a column: the whole request in process, as the servicer runs it for the overhead
 benchmark's messages (request headers, then the body with end_of_stream; then the stream's close): parsing,
 admission, scheduling, the in-flight lease, metrics and the answers, without gRPC. Over gRPC, picker costs the
@@ -17,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import statistics
 import time
 from pathlib import Path
 
 from picker.bench import path as whole_path
-from picker.bench.overhead import prompt_bodies
+from picker.bench.overhead import fresh_prompt_bodies, prompt_bodies
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.request.parse import parse_request
@@ -50,6 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--whole-path", action="store_true", help="also time the whole request path in process (no gRPC)"
     )
+    parser.add_argument("--fresh", action="store_true", help="a prompt the prefix index has not seen for every request")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,22 +74,34 @@ def run(args: argparse.Namespace) -> int:
 async def _measure_path(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
     endpoints = bench_endpoints(count, now=time.monotonic())
     return await whole_path.measure(
-        endpoints, size, config_text, cycles=args.cycles, repeat=args.repeat, prefilter=args.prefilter
+        endpoints,
+        size,
+        config_text,
+        cycles=args.cycles,
+        repeat=args.repeat,
+        prefilter=args.prefilter,
+        fresh=args.fresh,
     )
+
+
+_WARM = 200  # cycles before the timings
 
 
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
     ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0))
     scheduler = Scheduler(load_config(config_text, ctx), ctx, prefilter_k=args.prefilter)
     endpoints = bench_endpoints(count, now=time.monotonic())
-    requests = [parse_request({":path": "/v1/completions"}, body) for body in prompt_bodies(size)]
+    bodies = fresh_prompt_bodies(size, _WARM + args.cycles * args.repeat) if args.fresh else prompt_bodies(size)
+    requests = [parse_request({":path": "/v1/completions"}, body) for body in bodies]
+
+    sent = itertools.count()  # across the timings: with ``--fresh`` no prompt comes twice
 
     def cycles(n: int) -> None:
-        for i in range(n):
-            req = requests[i % len(requests)]
+        for _ in range(n):
+            req = requests[next(sent) % len(requests)]
             scheduler.pre_request(req, scheduler.schedule(req, endpoints))
 
-    cycles(200)  # warm the prefix index
+    cycles(_WARM)  # warm the prefix index
     timings = []
     for _ in range(args.repeat):
         started = time.perf_counter()

@@ -19,7 +19,7 @@ from picker.scheduling import native as scheduling_native
 from picker.scheduling.config import load_config
 from picker.scheduling.framework import CycleState
 from picker.scheduling.plugins import prefix, prefix_index
-from picker.scheduling.plugins.prefix_index import PrefixIndex, py_match, py_prefix_hashes
+from picker.scheduling.plugins.prefix_index import PyPrefixIndex, py_match, py_prefix_hashes
 from picker.scheduling.prefilter import Prefilter, py_select
 from picker.scheduling.scheduler import Scheduler
 from tests.conftest import endpoint
@@ -70,7 +70,7 @@ def test_match_equal_on_random_indexes() -> None:
     rng = random.Random(7)
     keys = [f"10.0.0.{i}:8000" for i in range(12)]
     for _ in range(200):
-        index = PrefixIndex(capacity_per_endpoint=rng.choice([5, 50, 500]))
+        index = PyPrefixIndex(capacity_per_endpoint=rng.choice([5, 50, 500]))
         prompts = [tuple(rng.randrange(1, 2**64) for _ in range(rng.randrange(1, 40))) for _ in range(8)]
         for _ in range(rng.randrange(0, 30)):
             chain = rng.choice(prompts)
@@ -84,8 +84,56 @@ def test_match_equal_on_random_indexes() -> None:
         assert native.match(holders, ()) == {}
 
 
+def test_the_index_equals_the_python_index_after_random_operations() -> None:
+    """Learning (with duplicates, re-learning, per-call capacities), eviction, retain: every answer the same."""
+    rng = random.Random(11)
+    keys = [f"10.0.0.{i}:8000" for i in range(10)]
+    for _ in range(60):
+        capacity = rng.choice([1, 3, 20, 200])
+        fast, slow = native.PrefixIndex(capacity), PyPrefixIndex(capacity)
+        prompts = [[rng.randrange(0, 2**64) for _ in range(rng.randrange(1, 60))] for _ in range(10)]
+        prompts.append([5, 5, 6, 5])  # duplicates within one prompt
+        for _ in range(rng.randrange(1, 400)):
+            roll = rng.random()
+            if roll < 0.85:
+                chain = rng.choice(prompts)
+                chain = chain[: rng.randrange(0, len(chain) + 1)]
+                key = rng.choice(keys)
+                cap = rng.choice([None, None, 0, rng.randrange(1, 80)])
+                assert fast.add(key, chain, cap) == slow.add(key, chain, cap)
+            elif roll < 0.95:
+                chain = rng.choice(prompts)
+                assert fast.match(chain) == slow.match(chain)
+            else:
+                kept = rng.sample(keys, rng.randrange(0, len(keys)))
+                assert fast.retain(kept) == slow.retain(kept)
+            assert fast.size == slow.size
+        for chain in prompts:
+            assert fast.match(chain) == slow.match(chain)
+            assert fast.match(tuple(chain)) == slow.match(tuple(chain))
+        assert [fast.endpoint_blocks(k) for k in keys] == [slow.endpoint_blocks(k) for k in keys]
+        assert fast.match([]) == {}
+        assert fast.add("x", []) == 0
+        assert fast.endpoint_blocks("x") == 0
+
+
+def test_the_index_refuses_what_the_python_index_could_not_hold() -> None:
+    index = native.PrefixIndex(4)
+    with pytest.raises(TypeError):
+        index.add("a", ["not a hash"])  # type: ignore[list-item]
+    with pytest.raises(OverflowError):
+        index.add("a", [-1])
+    with pytest.raises(TypeError):
+        index.add(1, [1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        native.PrefixIndex("four")  # type: ignore[arg-type]
+    index.add("a", [1, 2])
+    assert index.match([1, 2]) == {"a": 2}
+
+
 def test_the_module_uses_native_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (prefix_index.prefix_hashes is native.prefix_hashes) == scheduling_native.NATIVE
+    assert (prefix_index.PrefixIndex is native.PrefixIndex) == scheduling_native.NATIVE
     monkeypatch.setenv("PICKER_NATIVE", "0")
     assert scheduling_native.load() is None
     monkeypatch.setenv("PICKER_NATIVE", "1")
@@ -117,6 +165,7 @@ def test_the_default_scheduler_decides_the_same_on_either_path(monkeypatch: pyte
 
     fast = picks()
     monkeypatch.setattr(prefix, "prefix_hashes", py_prefix_hashes)
+    monkeypatch.setattr(prefix, "PrefixIndex", PyPrefixIndex)
     monkeypatch.setattr(prefix_index, "_match", py_match)
     assert picks() == fast
 

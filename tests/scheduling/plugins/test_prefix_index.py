@@ -1,14 +1,29 @@
-"""PrefixIndex internals: shared holders, eviction, purge, and the GC-friendly single-holder form."""
+"""The prefix index, both implementations (the Python one and the native one): shared holders, eviction, purge,
+and no GC-tracked container per hash."""
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
-from picker.scheduling.plugins.prefix_index import PrefixIndex
+import pytest
+
+from picker.scheduling import native
+from picker.scheduling.plugins.prefix_index import Index, PyPrefixIndex
+
+IMPLEMENTATIONS: list[Callable[[int], Index]] = [PyPrefixIndex]
+if native.module is not None:
+    IMPLEMENTATIONS.append(native.module.PrefixIndex)
 
 
-def test_several_endpoints_share_a_hash_and_leave_it_one_by_one() -> None:
-    index = PrefixIndex(capacity_per_endpoint=10)
+@pytest.fixture(params=IMPLEMENTATIONS, ids=lambda impl: impl.__module__.rsplit(".", 1)[-1])
+def make_index(request: pytest.FixtureRequest) -> Callable[[int], Index]:
+    impl: Callable[[int], Index] = request.param
+    return impl
+
+
+def test_several_endpoints_share_a_hash_and_leave_it_one_by_one(make_index: Callable[[int], Index]) -> None:
+    index = make_index(10)
     index.add("a", [1, 2, 3])
     index.add("b", [1, 2])
     index.add("c", [1])
@@ -23,8 +38,8 @@ def test_several_endpoints_share_a_hash_and_leave_it_one_by_one() -> None:
     assert index.match([1]) == {}
 
 
-def test_eviction_of_one_holder_keeps_the_hash_for_the_others() -> None:
-    index = PrefixIndex(capacity_per_endpoint=2)
+def test_eviction_of_one_holder_keeps_the_hash_for_the_others(make_index: Callable[[int], Index]) -> None:
+    index = make_index(2)
     index.add("a", [1, 2])
     index.add("b", [1, 2])
     index.add("a", [7, 8])  # evicts a's 1 and 2
@@ -33,16 +48,16 @@ def test_eviction_of_one_holder_keeps_the_hash_for_the_others() -> None:
     assert index.endpoint_blocks("a") == 2
 
 
-def test_relearning_a_hash_by_its_only_holder_keeps_one_holder() -> None:
-    index = PrefixIndex(capacity_per_endpoint=10)
+def test_relearning_a_hash_by_its_only_holder_keeps_one_holder(make_index: Callable[[int], Index]) -> None:
+    index = make_index(10)
     index.add("a", [1, 2])
     index.add("a", [1, 2])
     assert index.match([1, 2]) == {"a": 2}
     assert index.size == 2
 
 
-def test_single_holders_create_no_gc_tracked_containers_per_hash() -> None:
-    index = PrefixIndex(capacity_per_endpoint=100_000)
+def test_single_holders_create_no_gc_tracked_containers_per_hash(make_index: Callable[[int], Index]) -> None:
+    index = make_index(100_000)
     gc.collect()
     before = len(gc.get_objects())
     for start in range(0, 50_000, 50):
