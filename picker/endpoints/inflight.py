@@ -31,6 +31,7 @@ class EndpointLoad:
     tokens: int = 0  # prompt tokens not yet prefilled + expected output tokens
     ttft_s: float | None = None  # EWMA of observed time to first token
     tpot_s: float | None = None  # EWMA of observed time per output token
+    prefilling: int = 0  # requests routed here whose first token has not arrived yet
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class Lease:
     tokens: int
     started_at: float
     released: bool = field(default=False)
+    prefilling: bool = field(default=True)  # no first token yet
 
 
 _ZERO = EndpointLoad()  # what ``load`` returns for an endpoint never seen; never mutated
@@ -60,6 +62,7 @@ class InflightTracker:
         load = self._loads.setdefault(endpoint_key, EndpointLoad())
         load.requests += 1
         load.tokens += tokens
+        load.prefilling += 1
         self.open_leases += 1
         if self._sized:
             self.request_tokens += _SIZE_ALPHA * (tokens - self.request_tokens)
@@ -79,8 +82,11 @@ class InflightTracker:
         if load is not None:
             load.requests = max(0, load.requests - 1)
             load.tokens = max(0, load.tokens - lease.tokens)
+            if lease.prefilling:
+                load.prefilling = max(0, load.prefilling - 1)
             if self.on_change is not None:
                 self.on_change(lease.endpoint_key)
+        lease.prefilling = False
         return True
 
     def prefilled(self, lease: Lease, prompt_tokens: int) -> None:
@@ -92,8 +98,11 @@ class InflightTracker:
         load = self._loads.get(lease.endpoint_key)
         if load is not None:
             load.tokens = max(0, load.tokens - done)
+            if lease.prefilling:
+                load.prefilling = max(0, load.prefilling - 1)
             if self.on_change is not None:
                 self.on_change(lease.endpoint_key)
+        lease.prefilling = False
         if self._decoded:
             self.decode_tokens += _SIZE_ALPHA * (lease.tokens - self.decode_tokens)
         else:
@@ -128,6 +137,11 @@ class InflightTracker:
         """In-flight tokens of each endpoint, in order (the hot loop of load scorers)."""
         loads = self._loads
         return [load.tokens if (load := loads.get(e.key)) is not None else 0 for e in endpoints]
+
+    def prefilling_of(self, endpoints: Iterable[HasKey]) -> list[int]:
+        """Requests waiting for their first token on each endpoint, in order."""
+        loads = self._loads
+        return [load.prefilling if (load := loads.get(e.key)) is not None else 0 for e in endpoints]
 
     def forget_except(self, keys: Iterable[str]) -> None:
         """Drop state of endpoints that left the pool."""

@@ -18,3 +18,24 @@ def test_request_size_averages_start_at_defaults_then_follow_what_picker_routes(
         t.prefilled(t.acquire("a:1", 600, 0.0), 500)
     assert t.request_tokens == pytest.approx(600, rel=1e-3)
     assert t.decode_tokens == pytest.approx(100, rel=1e-3)
+
+
+def test_requests_count_as_prefilling_until_their_first_token_or_their_release() -> None:
+    t = InflightTracker()
+    a, b, c = (t.acquire("a:1", 100, 0.0) for _ in range(3))
+    assert t.load("a:1").prefilling == 3
+    t.prefilled(a, 50)
+    t.prefilled(a, 50)  # a second first token changes nothing
+    assert t.load("a:1").prefilling == 2
+    t.release(b)  # ended (or failed) before its first token
+    t.release(b)
+    t.release(a)  # already prefilled: no change to the count
+    assert t.prefilling_of([_Key("a:1"), _Key("b:1")]) == [1, 0]
+    t.release(c)
+    assert t.load("a:1").prefilling == 0
+    assert t.load("a:1").requests == 0
+
+
+class _Key:
+    def __init__(self, key: str) -> None:
+        self.key = key

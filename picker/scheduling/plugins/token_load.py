@@ -17,7 +17,12 @@ plus those its peers reported.
 
 Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (128 requests * 32K tokens);
 ``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker); picker's ``loadSource``: ``ledger``
-(default) or ``blended``.
+(default) or ``blended``; picker's ``prefillPendingTokens`` (default 0: off): an endpoint where a request picker
+sent has not had its first token yet counts this many tokens more. A request arriving there waits for that
+prefill's engine step (a fixed cost per step on top of the tokens: ~35 ms on the lab's H100 profile, ~290
+prompt tokens' worth) before its own; tokens alone weigh a 13-token prompt at nearly nothing, so short requests
+came in runs on one server. Off by default: in the lab it closes short prompts at low rates and loses elsewhere
+(docs/scheduling.md, issue 13). Counts only picker's own requests (peers do not report first tokens).
 """
 
 from __future__ import annotations
@@ -43,15 +48,25 @@ class Params(PluginParams):
     queue_threshold_tokens: int = Field(default=4_194_304, ge=1)
     in_flight_load_producer_name: str = ""
     load_source: Literal["ledger", "blended"] = "ledger"
+    prefill_pending_tokens: int = Field(default=0, ge=0)
 
 
 class TokenLoadScorer:
     type: ClassVar[str] = TYPE
     category: ClassVar[Category] = Category.DISTRIBUTION
-    __slots__ = ("_blended", "_ctx", "_threshold", "name")
+    __slots__ = ("_blended", "_ctx", "_prefill_pending", "_threshold", "name")
 
-    def __init__(self, name: str, threshold_tokens: int, ctx: PluginContext, *, blended: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        threshold_tokens: int,
+        ctx: PluginContext,
+        *,
+        blended: bool = False,
+        prefill_pending_tokens: int = 0,
+    ) -> None:
         self.name = name
+        self._prefill_pending = float(prefill_pending_tokens)
         self._threshold = float(threshold_tokens)
         self._ctx = ctx
         self._blended = blended
@@ -73,11 +88,21 @@ class TokenLoadScorer:
             loads = [t + prompt * u for t, u in zip(in_flight, match.uncached_fractions(endpoints), strict=True)]
         else:
             loads = [t + prompt for t in in_flight]
+        pending = self._prefill_pending
+        if pending:  # a server with a prefill of picker's waiting: the next request waits for that step too
+            prefilling = ctx.inflight.prefilling_of(endpoints)
+            loads = [x + pending if n else x for x, n in zip(loads, prefilling, strict=True)]
         return ScoreVector(endpoints, [1.0 if x <= 0 else 1.0 - min(x, threshold) / threshold for x in loads])
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
-    return TokenLoadScorer(name, params.queue_threshold_tokens, ctx, blended=params.load_source == "blended")
+    return TokenLoadScorer(
+        name,
+        params.queue_threshold_tokens,
+        ctx,
+        blended=params.load_source == "blended",
+        prefill_pending_tokens=params.prefill_pending_tokens,
+    )
 
 
 SPEC = PluginSpec(TYPE, Params, create)

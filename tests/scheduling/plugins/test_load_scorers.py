@@ -43,6 +43,24 @@ def test_token_load_counts_only_uncached_prompt_tokens_where_a_prefix_matched() 
     assert scores == {E1.key: 0.9, E2.key: 0.6}
 
 
+def test_token_load_adds_the_pending_prefill_weight_once_per_server_until_its_first_token() -> None:
+    c = ctx()
+    first = c.inflight.acquire(E1.key, 10, 0.0)
+    c.inflight.acquire(E1.key, 10, 0.0)  # two waiting on E1: still one step to wait for
+    done = c.inflight.acquire(E2.key, 10, 0.0)
+    c.inflight.prefilled(done, 5)  # E2's request has its first token: 5 tokens of answer left
+    scorer = token_load.create("t", token_load.Params(queueThresholdTokens=1000, prefillPendingTokens=300), c)
+    req = request(prompt="", prompt_tokens=0)
+    assert by_key(scorer.score(req, [E1, E2, E3], CycleState())) == pytest.approx(
+        {E1.key: 1 - 320 / 1000, E2.key: 1 - 5 / 1000, E3.key: 1.0}
+    )
+    c.inflight.prefilled(first, 5)
+    c.inflight.release(first)
+    assert c.inflight.prefilling_of([E1, E2]) == [1, 0]
+    plain = token_load.create("t", token_load.Params(queueThresholdTokens=1000), c)  # off by default
+    assert by_key(plain.score(req, [E1], CycleState())) == pytest.approx({E1.key: 1 - 10 / 1000})
+
+
 def test_token_load_default_threshold_and_validation() -> None:
     assert token_load.Params().queue_threshold_tokens == 4_194_304
     with pytest.raises(ValidationError):
