@@ -17,6 +17,10 @@ the body in ≤ 64 KiB chunks. Two passes per configuration:
 picker configuration, each a fresh process). The table shows medians, and "vs null" is the median of the ratios
 taken within each round, so a neighbour's burst on a shared machine moves one round's pair, not the figure.
 
+By default the requests take 32 prompts in turn, which picker's prefix index learns once; ``--fresh`` gives every
+request a prompt of its own (a number at its start), as new conversations are: the index then learns every
+request's blocks, and evicts once full.
+
 ``--workers 1,2`` measures picker with each worker count. On a machine where the client shares the cores with the
 server (this VM: 2 cores), more workers cannot show more than the cores left over; the table says so.
 
@@ -160,6 +164,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--client-procs", type=int, default=1, help="--client python: client processes in the throughput pass"
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="a prompt of its own for every request (new to picker's prefix index); needs --client go",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every configuration (medians shown)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput pass")
     parser.add_argument("--latency-requests", type=int, default=300, help="sequential requests, latency pass")
@@ -176,6 +185,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fresh and args.client != "go":
+        print("picker bench overhead: --fresh needs --client go", file=sys.stderr)
+        return 2
     if args.client == "go":
         try:
             args.go_client = go_client()
@@ -308,7 +320,7 @@ async def _measure(
     round_: int = 0,
 ) -> Row:
     port, pid = served
-    messages = _messages(bodies)
+    messages = _messages(fresh_prompt_bodies(size, 20 + args.latency_requests) if args.fresh else bodies)
     client = ExtProcClient(f"127.0.0.1:{port}")
     errors = 0
     try:
@@ -378,6 +390,7 @@ async def _drive_go(binary: str, port: int, bodies: list[bytes], args: argparse.
             str(args.concurrency),
             "-connections",
             str(args.connections),
+            *(["-fresh"] if args.fresh else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )

@@ -130,3 +130,65 @@ def test_the_go_client_fails_when_nothing_answers(tmp_path: Path) -> None:
     assert b"extproc-load:" in done.stderr
     assert b"Unavailable" in done.stderr or b"connection refused" in done.stderr
     assert done.stdout == b""
+
+
+def test_the_go_client_gives_every_request_a_prompt_of_its_own_with_fresh(tmp_path: Path) -> None:
+    """``-fresh``: each request's prompt starts with its own number; the rest of the body is the file's."""
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from picker.bench.nullproc import NullProcessor
+
+    (body,) = prompt_bodies(512, n=1)
+    bodies = tmp_path / "bodies"
+    bodies.write_bytes(body + b"\n")
+    seen: list[bytes] = []
+
+    class Recording(NullProcessor):  # type: ignore[misc]
+        async def Process(self, request_iterator: Any, context: Any) -> Any:
+            async def recorded() -> Any:
+                async for req in request_iterator:
+                    if req.WhichOneof("request") == "request_body":
+                        seen.append(req.request_body.body)
+                    yield req
+
+            async for resp in super().Process(recorded(), context):
+                yield resp
+
+    async def drive() -> dict[str, Any]:
+        server = grpc.aio.server()
+        pb_grpc.add_ExternalProcessorServicer_to_server(Recording(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            argv = ["-target", f"127.0.0.1:{port}", "-bodies", str(bodies), "-mode", "latency", "-requests", "6"]
+            proc = await asyncio.create_subprocess_exec(
+                overhead.go_client(), *argv, "-warmup", "0", "-fresh", stdout=asyncio.subprocess.PIPE
+            )
+            stdout, _ = await proc.communicate()
+            assert proc.returncode == 0
+            result: dict[str, Any] = json.loads(stdout)
+            return result
+        finally:
+            await server.stop(None)
+
+    result = asyncio.run(drive())
+    assert (result["completed"], result["failed"]) == (6, 0)
+    assert len(set(seen)) == 6
+    prompt = json.loads(body)["prompt"]
+    numbers = []
+    for sent in seen:
+        decoded = json.loads(sent)
+        number, rest = decoded["prompt"].split(" ", 1)
+        assert rest == prompt
+        assert number.startswith("g")
+        numbers.append(int(number[1:]))
+        assert {k: v for k, v in decoded.items() if k != "prompt"} == {
+            k: v for k, v in json.loads(body).items() if k != "prompt"
+        }
+    assert sorted(numbers) == list(range(1, 7))
+
+
+def test_fresh_needs_the_go_client(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "overhead", "--fresh", "--client", "python"]) == 2
+    assert "--fresh needs --client go" in capsys.readouterr().err

@@ -15,11 +15,13 @@
 //	                  "completed", "failed", "elapsed_s".
 //
 // -bodies names a file of request bodies, one per line (the benchmark writes the same prompts it gives the Python
-// client); request i uses body i modulo their number.
+// client); request i uses body i modulo their number. With -fresh every request's prompt starts with a number of its
+// own ("g<n> "), so no two requests share a prompt block and picker's prefix index learns each one as new.
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -83,11 +85,12 @@ func main() {
 	duration := flag.Duration("duration", 5*time.Second, "throughput mode: how long")
 	concurrency := flag.Int("concurrency", 64, "throughput mode: concurrent streams")
 	connections := flag.Int("connections", 8, "throughput mode: TCP connections")
+	fresh := flag.Bool("fresh", false, "a prompt of its own for every request (a number at its start)")
 	flag.Parse()
 	if *target == "" || *bodiesPath == "" {
 		fail(errors.New("-target and -bodies are required"))
 	}
-	messages, err := loadMessages(*bodiesPath)
+	messages, err := loadRequests(*bodiesPath, *fresh)
 	if err != nil {
 		fail(err)
 	}
@@ -113,26 +116,57 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func loadMessages(path string) ([][]*extprocv3.ProcessingRequest, error) {
+// promptStart is where a fresh request's number goes: the start of the JSON body's "prompt" string.
+var promptStart = []byte(`"prompt":"`)
+
+// requestSource hands out each request's messages: the bodies in turn, or with fresh a new prompt each time.
+type requestSource struct {
+	bodies [][]byte
+	built  [][]*extprocv3.ProcessingRequest
+	fresh  bool
+	count  atomic.Int64
+}
+
+func (r *requestSource) get(i int) []*extprocv3.ProcessingRequest {
+	if !r.fresh {
+		return r.built[i%len(r.built)]
+	}
+	n := r.count.Add(1)
+	body := r.bodies[int(n%int64(len(r.bodies)))]
+	at := bytes.Index(body, promptStart) + len(promptStart)
+	numbered := make([]byte, 0, len(body)+24)
+	numbered = append(numbered, body[:at]...)
+	numbered = append(numbered, 'g')
+	numbered = strconv.AppendInt(numbered, n, 10)
+	numbered = append(numbered, ' ')
+	numbered = append(numbered, body[at:]...)
+	return buildMessages(numbered)
+}
+
+func loadRequests(path string, fresh bool) (*requestSource, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var all [][]*extprocv3.ProcessingRequest
+	out := &requestSource{fresh: fresh}
 	scanner := bufio.NewScanner(f)
 	scanner.Buffer(make([]byte, 1<<20), maxMessageBytes)
 	for scanner.Scan() {
 		body := append([]byte(nil), scanner.Bytes()...)
-		all = append(all, buildMessages(body))
+		if fresh && !bytes.Contains(body, promptStart) {
+			return nil, fmt.Errorf("%s: -fresh needs bodies with a \"prompt\" string", path)
+		}
+		out.bodies = append(out.bodies, body)
+		out.built = append(out.built, buildMessages(body))
 	}
 	if err := scanner.Err(); err != nil {
 		return nil, err
 	}
-	if len(all) == 0 {
+	if len(out.bodies) == 0 {
 		return nil, fmt.Errorf("%s: no bodies", path)
 	}
-	return all, nil
+	return out, nil
 }
 
 func buildMessages(body []byte) []*extprocv3.ProcessingRequest {
@@ -229,7 +263,7 @@ func hasDestination(h *extprocv3.HeadersResponse) bool {
 	return false
 }
 
-func runLatency(target string, messages [][]*extprocv3.ProcessingRequest, requests, warmup int) (result, error) {
+func runLatency(target string, messages *requestSource, requests, warmup int) (result, error) {
 	conn, client, err := dial(target)
 	if err != nil {
 		return result{}, err
@@ -237,13 +271,13 @@ func runLatency(target string, messages [][]*extprocv3.ProcessingRequest, reques
 	defer conn.Close()
 	out := result{Mode: "latency", Connections: 1, DecisionsS: make([]float64, 0, requests)}
 	for i := range warmup {
-		if _, err := run(client, messages[i%len(messages)]); err != nil {
+		if _, err := run(client, messages.get(i)); err != nil {
 			return result{}, err
 		}
 	}
 	started := time.Now()
 	for i := range requests {
-		ex, err := run(client, messages[i%len(messages)])
+		ex, err := run(client, messages.get(i))
 		if err != nil {
 			return result{}, err
 		}
@@ -258,7 +292,7 @@ func runLatency(target string, messages [][]*extprocv3.ProcessingRequest, reques
 }
 
 func runThroughput(
-	target string, messages [][]*extprocv3.ProcessingRequest, duration time.Duration, concurrency, connections, warmup int,
+	target string, messages *requestSource, duration time.Duration, concurrency, connections, warmup int,
 ) (result, error) {
 	connections = max(1, min(connections, concurrency))
 	clients := make([]extprocv3.ExternalProcessorClient, connections)
@@ -270,7 +304,7 @@ func runThroughput(
 		defer conn.Close()
 		clients[i] = client
 		for w := range max(1, warmup/connections) { // connect (and warm) every connection before the clock starts
-			if _, err := run(client, messages[w%len(messages)]); err != nil {
+			if _, err := run(client, messages.get(w)); err != nil {
 				return result{}, err
 			}
 		}
@@ -287,7 +321,7 @@ func runThroughput(
 			defer wg.Done()
 			client := clients[w%connections]
 			for i := w; time.Now().Before(deadline); i += concurrency {
-				ex, err := run(client, messages[i%len(messages)])
+				ex, err := run(client, messages.get(i))
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					failed.Add(1)
