@@ -9,6 +9,9 @@ overhead`` measures the whole request over real gRPC.
 ``--fresh``: every request's prompt is one the index has never seen (new conversations, which the index must
 learn and, once full, evict for), instead of 32 prompts in turn that it learns once.
 
+``--peers``: the cycle as in a replica with active-active peers (or one of ``--workers N``): a peer reports
+requests and tokens in flight on every endpoint, so every load read counts picker's own and the peers'.
+
 ``--whole-path`` adds a column: the whole request in process, as the servicer runs it for the overhead
 benchmark's messages (request headers, then the body with end_of_stream; then the stream's close): parsing,
 admission, scheduling, the in-flight lease, metrics and the answers, without gRPC. Over gRPC, picker costs the
@@ -30,6 +33,7 @@ from picker.bench import path as whole_path
 from picker.bench.overhead import fresh_prompt_bodies, prompt_bodies
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint, EndpointMetrics
+from picker.endpoints.peerload import PeerLoads
 from picker.request.parse import parse_request
 from picker.scheduling.config import load_config
 from picker.scheduling.framework import PluginContext
@@ -55,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--whole-path", action="store_true", help="also time the whole request path in process (no gRPC)"
     )
     parser.add_argument("--fresh", action="store_true", help="a prompt the prefix index has not seen for every request")
+    parser.add_argument(
+        "--peers", action="store_true", help="a peer replica's load on every endpoint (the cycle; not --whole-path)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,9 +95,13 @@ _WARM = 200  # cycles before the timings
 
 
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
-    ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0))
-    scheduler = Scheduler(load_config(config_text, ctx), ctx, prefilter_k=args.prefilter)
     endpoints = bench_endpoints(count, now=time.monotonic())
+    peers = None
+    if args.peers:  # another replica (or worker) reports work on every endpoint, and keeps reporting
+        peers = PeerLoads(ttl_s=1e9)
+        peers.update(1, time.monotonic(), {e.key: (3, 3000) for e in endpoints}, full=True)
+    ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0), peers=peers)
+    scheduler = Scheduler(load_config(config_text, ctx), ctx, prefilter_k=args.prefilter)
     bodies = fresh_prompt_bodies(size, _WARM + args.cycles * args.repeat) if args.fresh else prompt_bodies(size)
     requests = [parse_request({":path": "/v1/completions"}, body) for body in bodies]
 

@@ -356,7 +356,7 @@ def _report_polling(models: Sequence[str], count: int, seconds: float, interval_
 
 async def _poll_for(ports: list[int], seconds: float, interval_s: float) -> tuple[int, float, float]:
     """Run the real poller; return (polls, user CPU seconds, kernel CPU seconds) after a 1 s warm-up."""
-    from picker.scrape import poller  # aiohttp only when polling
+    from picker.scrape import poller  # the HTTP client only when polling
 
     store = EndpointStore()
     store.set_endpoints(

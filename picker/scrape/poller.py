@@ -7,10 +7,11 @@ tick's polls are done or the tick is over; publish every finished poll's metrics
 (``store.set_excluded``, one log line each, metrics). A poll still running at the end of a tick is collected
 at a later one; a poll of an endpoint that left the pool is cancelled.
 
-Each poll: one GET on a shared keep-alive ``aiohttp.ClientSession``, ``timeout_s`` for request and body, the
-body capped at ``max_response_bytes``, then ``engines.extract``. The moment the page has arrived, the poll notes
-picker's own in-flight requests to that endpoint (``own_requests``, from the ``InflightTracker``) in the metrics,
-so the scheduler can tell the server's other traffic from picker's own (``endpoints.serverload``). On failure
+Each poll: one GET on the endpoint's keep-alive connection (``picker.scrape.http``), ``timeout_s`` for request
+and body, the body capped at ``max_response_bytes``, then ``engines.extract``. The moment the page has arrived,
+the poll notes picker's own in-flight requests to that endpoint (``own_requests``, from the ``InflightTracker``)
+in the metrics, so the scheduler can tell the server's other traffic from picker's own (``endpoints.serverload``).
+On failure
 nothing of the endpoint is updated (its old metrics and ``updated_at`` stay), as in the reference; the tracker
 decides exclusion. Errors are logged on state changes only (ok→failing, failing→ok, excluded, readmitted), never
 per poll.
@@ -21,7 +22,8 @@ that streams tokens, to save in-cluster bandwidth nobody is short of. TLS certif
 are not verified (the reference's ``insecureSkipVerify: true`` default).
 
 Cost (``picker bench scrape-parse --poll 10|50``, 46 KB vLLM page, local servers in another process): about
-0.45-0.5 ms of picker CPU per poll, ~0.1 ms of it parsing and the rest aiohttp. At the default 100 ms interval
+0.45-0.5 ms of picker CPU per poll with aiohttp, ~0.1 ms of it parsing (docs/performance.md has the figures with
+``picker.scrape.http``). At the default 100 ms interval
 that is ~0.5 % of a core per endpoint: 10 endpoints cost 5 %, 50 cost ~23 %. The default stays at 100 ms (the
 freshness target; the reference polls every 50 ms) for pools of up to a few dozen endpoints per picker; larger
 pools should raise ``--refresh-metrics-interval``, since the cost is linear in endpoints / interval. With
@@ -37,13 +39,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
-
 from picker.endpoints.freshness import REFUSED, Change, FreshnessTracker, Transition
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.store import EndpointStore
 from picker.scrape import engines
 from picker.scrape.errors import REASONS, ScrapeError
+from picker.scrape.http import MetricsClient
 from picker.settings import ScrapeSettings
 from picker.telemetry import scrape as telemetry
 
@@ -51,8 +52,11 @@ __all__ = ["run"]
 
 logger = logging.getLogger(__name__)
 
-_HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "identity"}
-_READ_CHUNK = 64 * 1024
+_HEADERS = {
+    "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    "Accept-Encoding": "identity",
+    "User-Agent": "picker",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +71,17 @@ async def run(
     store: EndpointStore,
     settings: ScrapeSettings,
     clock: Callable[[], float],
-    session: aiohttp.ClientSession | None = None,
     own_requests: Callable[[str], int] | None = None,
 ) -> None:
-    """Poll the store's endpoints until cancelled. ``session`` is used as given (and not closed) if passed.
+    """Poll the store's endpoints until cancelled.
     ``own_requests(key)``: picker's in-flight requests to an endpoint (``InflightTracker.requests``)."""
-    owned = session is None
-    if session is None:
-        # No total connection limit (one poll per endpoint at a time bounds it); 2 per host:port as the reference.
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=2, keepalive_timeout=30.0)
-        session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-    poller = _Poller(store, settings, clock, session, own_requests)
+    client = MetricsClient(max_response_bytes=settings.max_response_bytes, headers=_HEADERS)
+    poller = _Poller(store, settings, clock, client, own_requests)
     try:
         await poller.loop()
     finally:
         await poller.cancel_polls()
-        if owned:
-            await session.close()
+        await client.close()
 
 
 class _Poller:
@@ -92,7 +90,7 @@ class _Poller:
         store: EndpointStore,
         settings: ScrapeSettings,
         clock: Callable[[], float],
-        session: aiohttp.ClientSession,
+        client: MetricsClient,
         own_requests: Callable[[str], int] | None = None,
     ) -> None:
         if settings.interval_s <= 0 or settings.timeout_s <= 0 or settings.max_response_bytes <= 0:
@@ -100,7 +98,7 @@ class _Poller:
         self._store = store
         self._settings = settings
         self._clock = clock
-        self._session = session
+        self._client = client
         self._own_requests = own_requests
         self._tracker = FreshnessTracker.from_settings(settings, clock)
         self._urls: dict[str, str] = {}  # tracked endpoint key -> metrics URL
@@ -151,7 +149,7 @@ class _Poller:
         return started
 
     def _drop(self, key: str) -> None:
-        del self._urls[key]
+        self._client.forget(self._urls.pop(key))
         task = self._inflight.pop(key, None)
         if task is not None:
             task.cancel()
@@ -208,7 +206,7 @@ class _Poller:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._settings.timeout_s):
-                page = await self._fetch(ep.metrics_url)
+                page = await self._client.get(ep.metrics_url)
             own = self._own_requests(ep.key) if self._own_requests is not None else None
             metrics = engines.extract(ep.engine, page, self._clock())
             if own is not None:
@@ -218,32 +216,14 @@ class _Poller:
             return _Outcome(ep.key, None, exc)
         except TimeoutError:
             return _Outcome(ep.key, None, ScrapeError("timeout", f"no complete answer in {self._settings.timeout_s} s"))
-        except aiohttp.ClientConnectorError as exc:
+        except OSError as exc:
             # Refused: nothing listens (killed, not started yet); freshness excludes at once. Else: maybe transient.
-            reason = REFUSED if isinstance(exc.os_error, ConnectionRefusedError) else "connect"
+            reason = REFUSED if isinstance(exc, ConnectionRefusedError) else "connect"
             return _Outcome(ep.key, None, ScrapeError(reason, f"{type(exc).__name__}: {exc}"))
-        except aiohttp.ClientError as exc:
-            return _Outcome(ep.key, None, ScrapeError("connect", f"{type(exc).__name__}: {exc}"))
         except Exception as exc:  # a bug must not stop the scraping of every endpoint; logged at the transition
             return _Outcome(ep.key, None, ScrapeError("internal", repr(exc)))
         finally:
             telemetry.SCRAPE_DURATION.observe(time.perf_counter() - started)
-
-    async def _fetch(self, url: str) -> bytes:
-        cap = self._settings.max_response_bytes
-        async with self._session.get(url, headers=_HEADERS, ssl=False) as resp:
-            if resp.status != 200:
-                raise ScrapeError("http", f"HTTP {resp.status} {resp.reason or ''}".rstrip())
-            if resp.content_length is not None:
-                if resp.content_length > cap:
-                    raise ScrapeError("too_large", f"page of {resp.content_length} bytes exceeds {cap}")
-                return await resp.read()
-            body = bytearray()  # chunked: count as it comes
-            while chunk := await resp.content.read(_READ_CHUNK):
-                body += chunk
-                if len(body) > cap:
-                    raise ScrapeError("too_large", f"page exceeds {cap} bytes")
-            return bytes(body)
 
     def _warn_unknown_engine(self, ep: Endpoint) -> None:
         if not engines.is_known(ep.engine) and ep.engine not in self._warned_engines:

@@ -23,3 +23,25 @@ def test_whole_path_column_times_the_request_through_a_started_picker(capsys: py
     assert header.split()[-3:] == ["whole", "path", "us/req"]
     cycle_us, path_us = float(row.split()[3]), float(row.split()[4])
     assert path_us > cycle_us > 0  # the path includes a scheduling cycle, and more
+
+
+def test_fresh_and_peers_run(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "schedule", "--endpoints", "4", "--sizes", "512", "--cycles", "20", "--repeat", "2"]
+    assert cli.main([*argv, "--fresh", "--peers", "--whole-path"]) == 0
+    _, row = capsys.readouterr().out.splitlines()
+    assert float(row.split()[3]) > 0
+    assert float(row.split()[4]) > 0
+
+
+def test_fresh_prompts_share_no_block() -> None:
+    import orjson
+
+    from picker.bench.overhead import fresh_prompt_bodies, prompt_bodies
+    from picker.scheduling.plugins.prefix_index import prefix_hashes
+
+    bodies = fresh_prompt_bodies(4096, 80)  # more than the 32 base prompts: each is used several times
+    prompts = [orjson.loads(b)["prompt"] for b in bodies]
+    first_blocks = {prefix_hashes(p, 64, 256, "m")[0] for p in prompts}
+    assert len(first_blocks) == 80  # block hashes chain: a new first block makes every block new
+    base = [orjson.loads(b)["prompt"] for b in prompt_bodies(4096)]
+    assert all(p.split(" ", 1)[1] == base[i % len(base)] for i, p in enumerate(prompts))

@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -47,6 +46,7 @@ class Backend:
         self.release = asyncio.Event()
         self.port = 0
         self.served_at: list[float] = []
+        self.peers: dict[str, set[object]] = {}  # name -> client addresses (one per TCP connection)
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/metrics/{name}"
@@ -55,6 +55,9 @@ class Backend:
         name = request.match_info["name"]
         mode = self.modes.get(name, "ok")
         self.hits[name, mode] += 1
+        self.peers.setdefault(name, set()).add(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
         self.served_at.append(time.monotonic())
         self.active[name] += 1
         self.max_active[name] = max(self.max_active[name], self.active[name])
@@ -100,10 +103,8 @@ async def backend() -> AsyncIterator[Backend]:
 
 
 @asynccontextmanager
-async def polling(
-    store: EndpointStore, settings: ScrapeSettings = FAST, session: aiohttp.ClientSession | None = None
-) -> AsyncIterator[None]:
-    task = asyncio.create_task(poller.run(store=store, settings=settings, clock=time.monotonic, session=session))
+async def polling(store: EndpointStore, settings: ScrapeSettings = FAST) -> AsyncIterator[None]:
+    task = asyncio.create_task(poller.run(store=store, settings=settings, clock=time.monotonic))
     try:
         yield
     finally:
@@ -307,14 +308,15 @@ async def test_unknown_engine_is_read_as_vllm_with_one_warning(
     assert sum("unknown engine 'tgi'" in r.getMessage() for r in caplog.records) == 1
 
 
-async def test_a_given_session_is_used_and_left_open(backend: Backend) -> None:
-    e = ep(81, backend.url("s"))
+async def test_each_endpoint_is_polled_on_one_kept_connection(backend: Backend) -> None:
+    e1, e2 = ep(81, backend.url("k1")), ep(82, backend.url("k2"))
     store = EndpointStore()
-    store.set_endpoints([e])
-    async with aiohttp.ClientSession() as session:
-        async with polling(store, session=session):
-            await until(lambda: get(store, e).metrics.updated_at > 0)
-        assert not session.closed
+    store.set_endpoints([e1, e2])
+    async with polling(store):
+        await until(lambda: backend.hits["k1", "ok"] >= 6 and backend.hits["k2", "ok"] >= 6)
+    assert len(backend.peers["k1"]) == 1  # six polls, one TCP connection
+    assert len(backend.peers["k2"]) == 1
+    assert backend.peers["k1"] != backend.peers["k2"]
 
 
 class socket_closed_port:
