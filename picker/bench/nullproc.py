@@ -1,12 +1,16 @@
 """A do-nothing ext_proc server: the floor the overhead benchmark compares picker against.
 
 It does the least a correct FULL_DUPLEX_STREAMED endpoint picker must: waits for the end of the body, answers
-the headers with a fixed destination, and streams the body back. Run as ``python -m picker.bench.nullproc PORT``.
+the headers with a fixed destination, and streams the body back. Run as ``python -m picker.bench.nullproc PORT
+[PROCS]``: PROCS processes on the one port (gRPC sets SO_REUSEPORT; the kernel spreads the connections), as
+``picker serve --workers`` does, so the benchmark can tell what a second process costs gRPC itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import signal
 import sys
 from collections.abc import AsyncIterator
 
@@ -66,5 +70,26 @@ async def serve(port: int) -> None:
     await server.wait_for_termination()
 
 
+def _serve_forever(port: int) -> None:
+    asyncio.run(serve(port))
+
+
+def main(argv: list[str]) -> None:
+    port = int(argv[0])
+    procs = int(argv[1]) if len(argv) > 1 else 1
+    spawn = multiprocessing.get_context("spawn")
+    others = [spawn.Process(target=_serve_forever, args=(port,), daemon=True) for _ in range(procs - 1)]
+    for p in others:
+        p.start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the others are stopped below
+    try:
+        _serve_forever(port)
+    finally:
+        for p in others:
+            p.terminate()
+        for p in others:
+            p.join(5)
+
+
 if __name__ == "__main__":
-    asyncio.run(serve(int(sys.argv[1])))
+    main(sys.argv[1:])

@@ -21,8 +21,10 @@ By default the requests take 32 prompts in turn, which picker's prefix index lea
 request a prompt of its own (a number at its start), as new conversations are: the index then learns every
 request's blocks, and evicts once full.
 
-``--workers 1,2`` measures picker with each worker count. On a machine where the client shares the cores with the
-server (this VM: 2 cores), more workers cannot show more than the cores left over; the table says so.
+``--workers 1,2`` measures picker with each worker count, and the do-nothing server with as many processes on
+its port: what a second process adds to gRPC's own cost, the ceiling for picker's. On a machine where the client
+shares the cores with the server (this VM: 2 cores), more workers cannot show more than the cores left over; the
+table says so.
 
 The figure that matters is picker's rate as a share of the do-nothing rate measured in the same run (the machine
 is shared and noisy; absolute numbers move, ratios much less). Model-server metrics come from one local stub page
@@ -98,7 +100,7 @@ _WORDS = [
 @dataclass(frozen=True, slots=True)
 class Row:
     server: str  # "picker" or "do-nothing"
-    workers: int  # picker's --workers (1 for the do-nothing server)
+    workers: int  # picker's --workers; the do-nothing server's processes on the one port
     endpoints: int
     prompt_bytes: int
     rps: float
@@ -220,11 +222,14 @@ async def _main(args: argparse.Namespace) -> list[Row]:
 async def _size_round(
     round_: int, size: int, counts: list[int], worker_counts: list[int], metrics_port: int, args: argparse.Namespace
 ) -> list[Row]:
-    """One round at one prompt size: the do-nothing server, then every picker configuration."""
+    """One round at one prompt size: the do-nothing server (as many processes as each worker count), then every
+    picker configuration."""
     rows: list[Row] = []
     bodies = prompt_bodies(size)
-    async with _server([sys.executable, "-m", "picker.bench.nullproc", "{port}"]) as served:
-        rows.append(await _measure("do-nothing", 1, 0, size, served, bodies, args, round_))
+    for processes in worker_counts:
+        cmd = [sys.executable, "-m", "picker.bench.nullproc", "{port}", str(processes)]
+        async with _server(cmd, settle_s=0.5 if processes == 1 else 2.0) as served:  # the others: spawn, import
+            rows.append(await _measure("do-nothing", processes, 0, size, served, bodies, args, round_))
     for count in counts:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(
@@ -553,7 +558,7 @@ def summarize(rows: list[Row]) -> list[Summary]:
     each round (the two rates measured minutes apart at most, on the same state of a shared machine), then its
     median: against the do-nothing server, against the fewest endpoints, against one worker."""
     rate = {(r.round, r.server, r.workers, r.endpoints, r.prompt_bytes): r.rps for r in rows if r.server == "picker"}
-    rate |= {(r.round, r.server, 0, 0, r.prompt_bytes): r.rps for r in rows if r.server == "do-nothing"}
+    rate |= {(r.round, r.server, r.workers, 0, r.prompt_bytes): r.rps for r in rows if r.server == "do-nothing"}
     least = min((r.endpoints for r in rows if r.server == "picker"), default=0)
     groups: dict[tuple[str, int, int, int], list[Row]] = {}
     for r in rows:
@@ -570,9 +575,9 @@ def summarize(rows: list[Row]) -> list[Summary]:
     out = []
     for (server, workers, endpoints, size), group in groups.items():
         picker = server == "picker"
-        vs_null = ratios(group, ("do-nothing", 0, 0, size)) if picker else []
+        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if picker else []  # the goal's measure: one process
         cost = ratios(group, ("picker", workers, least, size), inverse=True) if picker else []
-        vs_one = ratios(group, ("picker", 1, endpoints, size)) if picker and workers > 1 else []
+        vs_one = ratios(group, (server, 1, endpoints if picker else 0, size)) if workers > 1 else []
         out.append(
             Summary(
                 server=server,
@@ -634,7 +639,8 @@ def _plot(rows: list[Summary], path: str) -> None:
     import matplotlib.pyplot as plt
 
     labels = [
-        f"{r.server if r.server != 'picker' else f'picker x{r.workers}'} {r.endpoints or ''} {_size(r.prompt_bytes)}"
+        f"{r.server if r.server != 'picker' and r.workers == 1 else f'{r.server} x{r.workers}'} {r.endpoints or ''} "
+        f"{_size(r.prompt_bytes)}"
         for r in rows
     ]
     colors = ["#888" if r.server != "picker" else ("#2a7" if r.workers == 1 else "#17a") for r in rows]

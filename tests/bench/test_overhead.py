@@ -13,6 +13,7 @@ import pytest
 
 from picker import cli
 from picker.bench import overhead, procs
+from picker.bench.extproc_client import ExtProcClient
 from picker.bench.overhead import Row, prompt_bodies, summarize
 from picker.endpoints.store import EndpointStore
 from tests.conftest import endpoint
@@ -53,8 +54,14 @@ def test_summary_compares_endpoints_and_workers_within_each_round() -> None:
             _row("picker", round_, 1200 * scale, workers=2),
             _row("picker", round_, 400 * scale, endpoints=1024),
             _row("picker", round_, 800 * scale, endpoints=1024, workers=2),
+            _row("do-nothing", round_, 1300 * scale, workers=2),  # two processes on the port
         ]
-    by_config = {(s.workers, s.endpoints): s for s in summarize(rows) if s.server == "picker"}
+    summaries = summarize(rows)
+    nulls = {s.workers: s for s in summaries if s.server == "do-nothing"}
+    assert nulls[2].vs_one_worker == pytest.approx(1.3)
+    assert nulls[1].vs_one_worker is None
+    by_config = {(s.workers, s.endpoints): s for s in summaries if s.server == "picker"}
+    assert by_config[2, 16].vs_null == pytest.approx(1.2)  # against one do-nothing process, the goal's measure
     assert by_config[2, 16].vs_one_worker == pytest.approx(1.5)
     assert by_config[1, 1024].cost_vs_least == pytest.approx(2.0)
     assert by_config[2, 1024].cost_vs_least == pytest.approx(1.5)  # against 2 workers at 16 endpoints
@@ -192,3 +199,49 @@ def test_the_go_client_gives_every_request_a_prompt_of_its_own_with_fresh(tmp_pa
 def test_fresh_needs_the_go_client(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "overhead", "--fresh", "--client", "python"]) == 2
     assert "--fresh needs --client go" in capsys.readouterr().err
+
+
+def test_the_do_nothing_server_runs_several_processes_on_one_port_and_stops_them_all() -> None:
+    import os
+    import signal
+    import sys
+    import time
+
+    port = procs.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "picker.bench.nullproc", str(port), "3"])
+
+    def children() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    found.append(int(entry))
+        return found
+
+    try:
+        deadline = time.monotonic() + 30
+        while len(children()) < 3 and time.monotonic() < deadline:  # 2 servers and the spawn resource tracker
+            time.sleep(0.1)
+        spawned = children()
+        assert len(spawned) >= 2
+        messages = overhead._messages(prompt_bodies(512, n=1))
+
+        async def ask() -> int:
+            client = ExtProcClient(f"127.0.0.1:{port}")
+            try:
+                return (await client.exchange(messages[0])).status
+            finally:
+                await client.close()
+
+        assert asyncio.run(ask()) == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in spawned) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}/stat").exists() for pid in spawned)
