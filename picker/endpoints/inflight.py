@@ -55,8 +55,21 @@ class InflightTracker:
         self.request_tokens = DEFAULT_REQUEST_TOKENS
         self.decode_tokens = DEFAULT_DECODE_TOKENS
         self._sized = self._decoded = False
-        # Told the key of every endpoint whose load changed (``PeerLoads.attach``: the pool's table follows).
-        self.on_change: Callable[[str], None] | None = None
+        # Told the key of every endpoint whose load changed: the pool's table (``PeerLoads.attach``) and the
+        # peer exchange's list of what to report (``Exchange``).
+        self._listeners: list[Callable[[str], None]] = []
+
+    def listen(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(key)`` after every change of an endpoint's load (on the caller's thread)."""
+        self._listeners.append(listener)
+
+    def unlisten(self, listener: Callable[[str], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _changed(self, key: str) -> None:
+        for listener in self._listeners:
+            listener(key)
 
     def acquire(self, endpoint_key: str, tokens: int, now: float) -> Lease:
         load = self._loads.setdefault(endpoint_key, EndpointLoad())
@@ -68,8 +81,8 @@ class InflightTracker:
             self.request_tokens += _SIZE_ALPHA * (tokens - self.request_tokens)
         else:
             self.request_tokens, self._sized = float(tokens), True
-        if self.on_change is not None:
-            self.on_change(endpoint_key)
+        if self._listeners:
+            self._changed(endpoint_key)
         return Lease(endpoint_key, tokens, now)
 
     def release(self, lease: Lease) -> bool:
@@ -84,8 +97,8 @@ class InflightTracker:
             load.tokens = max(0, load.tokens - lease.tokens)
             if lease.prefilling:
                 load.prefilling = max(0, load.prefilling - 1)
-            if self.on_change is not None:
-                self.on_change(lease.endpoint_key)
+            if self._listeners:
+                self._changed(lease.endpoint_key)
         lease.prefilling = False
         return True
 
@@ -100,8 +113,8 @@ class InflightTracker:
             load.tokens = max(0, load.tokens - done)
             if lease.prefilling:
                 load.prefilling = max(0, load.prefilling - 1)
-            if self.on_change is not None:
-                self.on_change(lease.endpoint_key)
+            if self._listeners:
+                self._changed(lease.endpoint_key)
         lease.prefilling = False
         if self._decoded:
             self.decode_tokens += _SIZE_ALPHA * (lease.tokens - self.decode_tokens)
@@ -114,8 +127,8 @@ class InflightTracker:
             load.ttft_s = ttft_s if load.ttft_s is None else load.ttft_s + _EWMA_ALPHA * (ttft_s - load.ttft_s)
         if tpot_s is not None:
             load.tpot_s = tpot_s if load.tpot_s is None else load.tpot_s + _EWMA_ALPHA * (tpot_s - load.tpot_s)
-        if self.on_change is not None:
-            self.on_change(endpoint_key)
+        if self._listeners:
+            self._changed(endpoint_key)
 
     def load(self, endpoint_key: str) -> EndpointLoad:
         """The current load (a zero load for an endpoint never seen). Do not mutate the result."""
@@ -148,5 +161,5 @@ class InflightTracker:
         keep = set(keys)
         for key in [k for k in self._loads if k not in keep]:
             del self._loads[key]
-            if self.on_change is not None:
-                self.on_change(key)
+            if self._listeners:
+                self._changed(key)

@@ -49,10 +49,10 @@ class PeerLoads:
         """Keep ``pooled`` for this replica's ledger ``own`` (once; attaching the same tracker again is a no-op)."""
         if self._own is own:
             return
-        if self._own is not None or own.on_change is not None:
-            raise ValueError("a PeerLoads follows one InflightTracker, and a tracker is followed by one PeerLoads")
+        if self._own is not None:
+            raise ValueError("a PeerLoads follows one InflightTracker")
         self._own = own
-        own.on_change = self._refresh
+        own.listen(self._refresh)
         for key in own.loads().keys() | self._requests.keys():
             self._refresh(key)
 

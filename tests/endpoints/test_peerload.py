@@ -115,10 +115,10 @@ def test_the_pooled_table_equals_a_fresh_merge_after_random_changes_on_both_side
         assert {k: (v.requests, v.tokens, v.ttft_s) for k, v in pooled.items()} == expected
 
 
-def test_a_tracker_is_followed_by_one_peer_table() -> None:
+def test_a_peer_table_follows_one_tracker() -> None:
     from picker.endpoints.inflight import InflightTracker
 
-    own = InflightTracker()
-    PeerLoads().attach(own)
+    loads = PeerLoads()
+    loads.attach(InflightTracker())
     with pytest.raises(ValueError, match="one InflightTracker"):
-        PeerLoads().attach(own)
+        loads.attach(InflightTracker())

@@ -137,6 +137,30 @@ def test_a_lost_batch_is_healed_by_the_next_full_snapshot(clock: FakeClock) -> N
     assert b.exchange.stats.batches_lost == 1  # the gap in sequence numbers is seen
 
 
+def test_between_full_snapshots_a_batch_names_the_servers_whose_totals_changed(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    deliver(a, b, "b", clock())  # full
+    clock.advance(0.01)
+    a.route(SYSTEM + "q", 1)
+    lease = a.ctx.inflight.acquire("192.168.1.2:8000", 50, clock())
+    a.ctx.inflight.release(lease)  # changed, and back where it was: nothing to tell
+    [batch] = deliver(a, b, "b", clock())
+    assert not batch.full
+    assert set(batch.loads) == {"192.168.1.1:8000"}
+    clock.advance(0.01)
+    a.ctx.inflight.observe("192.168.1.3:8000", ttft_s=0.1)  # no change of the totals
+    assert a.exchange.flush(clock()) == {}
+    a.store.set_endpoints([endpoint(2), endpoint(3)])  # server 1 leaves the pool with a request of a's on it
+    a.ctx.inflight.forget_except(["192.168.1.2:8000", "192.168.1.3:8000"])
+    [batch] = deliver(a, b, "b", clock())
+    assert batch.loads == {"192.168.1.1:8000": (0, 0)}
+    assert b.ctx.ledger_requests("192.168.1.1:8000") == 0
+    a.exchange.close()
+    a.route(SYSTEM + "r", 2)
+    clock.advance(0.01)
+    assert a.exchange.flush(clock()) == {}  # closed: no longer told of changes
+
+
 def test_quiet_links_send_heartbeats_only(clock: FakeClock) -> None:
     a, b = pair(clock)
     assert len(deliver(a, b, "b", clock())) == 1  # first: full snapshot
