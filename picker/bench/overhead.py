@@ -122,7 +122,7 @@ class Summary:
     prompt_bytes: int
     rounds: int
     rps: float
-    vs_null: float | None  # median over rounds of rps / the same round's do-nothing rps (None: not picker)
+    vs_null: float | None  # median over rounds of rps / the same round's do-nothing rps (one process; else None)
     vs_null_range: tuple[float, float] | None
     cost_vs_least: float | None  # median over rounds of (rps at the fewest endpoints, same workers) / rps
     vs_one_worker: float | None  # median over rounds of rps / (rps with one worker, same endpoints); None at 1
@@ -575,7 +575,8 @@ def summarize(rows: list[Row]) -> list[Summary]:
     out = []
     for (server, workers, endpoints, size), group in groups.items():
         picker = server == "picker"
-        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if picker else []  # the goal's measure: one process
+        # Against one do-nothing process (the goal's measure); for the do-nothing server's own processes too.
+        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if picker or workers > 1 else []
         cost = ratios(group, ("picker", workers, least, size), inverse=True) if picker else []
         vs_one = ratios(group, (server, 1, endpoints if picker else 0, size)) if workers > 1 else []
         out.append(

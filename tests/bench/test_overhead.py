@@ -59,7 +59,9 @@ def test_summary_compares_endpoints_and_workers_within_each_round() -> None:
     summaries = summarize(rows)
     nulls = {s.workers: s for s in summaries if s.server == "do-nothing"}
     assert nulls[2].vs_one_worker == pytest.approx(1.3)
+    assert nulls[2].vs_null == pytest.approx(1.3)
     assert nulls[1].vs_one_worker is None
+    assert nulls[1].vs_null is None
     by_config = {(s.workers, s.endpoints): s for s in summaries if s.server == "picker"}
     assert by_config[2, 16].vs_null == pytest.approx(1.2)  # against one do-nothing process, the goal's measure
     assert by_config[2, 16].vs_one_worker == pytest.approx(1.5)
