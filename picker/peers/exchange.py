@@ -167,8 +167,8 @@ class Exchange:
     def _own_loads(self) -> dict[str, tuple[int, int]]:
         """Every server of the pool with this replica's totals (zeros left out: a full batch's absent ones)."""
         inflight = self._inflight
-        loads = {e.key: (inflight.requests(e.key), inflight.tokens(e.key)) for e in self._store.current()}
-        return {k: v for k, v in loads.items() if v != (0, 0)}
+        loads = ((e.key, (inflight.requests(e.key), inflight.tokens(e.key))) for e in self._store.current())
+        return {k: v for k, v in loads if v != (0, 0)}
 
     def _changed_loads(self) -> dict[str, tuple[int, int]]:
         """The totals of the servers that changed since the last flush; (0, 0) for one no longer in the pool."""

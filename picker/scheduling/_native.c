@@ -549,26 +549,32 @@ static void ix_remove(PrefixIndexObject *ix, int32_t i) {
     ix->live--;
 }
 
+/* Make room for one more element in a PyMem array of ``*cap`` elements of ``size`` bytes (``first`` when empty):
+ * 0, or -1 with MemoryError set. Indexes into the array stay valid; pointers into it do not. */
+static int ix_grow(void **array, int32_t *cap, size_t size, int32_t first) {
+    if (*cap >= INT32_MAX / 2) {
+        PyErr_SetString(PyExc_OverflowError, "prefix index full");
+        return -1;
+    }
+    int32_t want = *cap ? *cap * 2 : first;
+    void *grown = PyMem_Realloc(*array, size * (size_t)want);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *array = grown;
+    *cap = want;
+    return 0;
+}
+
 /* A new node for (h, ep), newest in ep's LRU; -1 with an exception set when out of memory. */
 static int32_t ix_insert(PrefixIndexObject *ix, uint64_t h, int32_t ep) {
     int32_t i = ix->free_node;
     if (i >= 0) {
         ix->free_node = ix->nodes[i].chain;
     } else {
-        if (ix->nodes_used == ix->nodes_cap) {
-            if (ix->nodes_cap >= INT32_MAX / 2) {
-                PyErr_SetString(PyExc_OverflowError, "prefix index full");
-                return -1;
-            }
-            int32_t cap = ix->nodes_cap ? ix->nodes_cap * 2 : 1024;
-            pnode_t *grown = PyMem_Realloc(ix->nodes, sizeof(pnode_t) * (size_t)cap);
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            ix->nodes = grown;
-            ix->nodes_cap = cap;
-        }
+        if (ix->nodes_used == ix->nodes_cap && ix_grow((void **)&ix->nodes, &ix->nodes_cap, sizeof(pnode_t), 1024) < 0)
+            return -1;
         i = ix->nodes_used++;
     }
     if (!ix_held(ix, h, -1)) ix->distinct++;
@@ -595,16 +601,7 @@ static int32_t ix_endpoint(PrefixIndexObject *ix, PyObject *key, int create) {
     if (e >= 0) {
         ix->free_ep = ix->eps[e].oldest;
     } else {
-        if (ix->eps_used == ix->eps_cap) {
-            int32_t cap = ix->eps_cap ? ix->eps_cap * 2 : 16;
-            pep_t *grown = PyMem_Realloc(ix->eps, sizeof(pep_t) * (size_t)cap);
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                return -2;
-            }
-            ix->eps = grown;
-            ix->eps_cap = cap;
-        }
+        if (ix->eps_used == ix->eps_cap && ix_grow((void **)&ix->eps, &ix->eps_cap, sizeof(pep_t), 16) < 0) return -2;
         e = ix->eps_used++;
     }
     PyObject *id = PyLong_FromLong(e);

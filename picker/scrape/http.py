@@ -63,22 +63,20 @@ class MetricsClient:
         if target is None:
             target = self._targets[url] = self._parse(url)
         conn = self._idle.pop(url, None)
-        if conn is not None:
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect(target)
             try:
                 body, keep = await self._exchange(conn, target)
-            except (_Stale, ConnectionResetError, BrokenPipeError):  # closed by the server while idle: once more
+                break
+            except (_Stale, ConnectionResetError, BrokenPipeError) as exc:
                 conn.writer.close()
-                conn = None
-            except BaseException:
-                conn.writer.close()
-                raise
-        if conn is None:
-            conn = await self._connect(target)
-            try:
-                body, keep = await self._exchange(conn, target)
-            except _Stale as exc:
-                conn.writer.close()
-                raise ScrapeError("connect", "the server closed the connection without an answer") from exc
+                if not reused:  # a new connection gave no answer: not an idle one the server closed
+                    if isinstance(exc, _Stale):
+                        raise ScrapeError("connect", "the server closed the connection without an answer") from exc
+                    raise
+                conn, reused = None, False  # closed by the server while idle: once more, on a new one
             except BaseException:
                 conn.writer.close()
                 raise

@@ -87,22 +87,18 @@ async def test_chunked_with_extensions_and_trailers() -> None:
     assert server.connections == 1
 
 
-async def test_an_answer_without_a_length_is_read_to_its_end_and_the_connection_not_kept() -> None:
-    answer = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + PAGE
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + PAGE,  # no length: read to its end
+        OK.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1),
+    ],
+    ids=["without-a-length", "connection-close"],
+)
+async def test_an_answer_that_ends_its_connection_is_not_kept(answer: bytes) -> None:
     async with serving(lambda _: (answer, True)) as server:
         c = client()
         url = f"http://127.0.0.1:{server.port}/metrics"
-        assert await c.get(url) == PAGE
-        assert await c.get(url) == PAGE
-        await c.close()
-    assert server.connections == 2
-
-
-async def test_connection_close_is_honoured() -> None:
-    answer = OK.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
-    async with serving(lambda _: (answer, True)) as server:
-        c = client()
-        url = f"http://127.0.0.1:{server.port}/m"
         assert await c.get(url) == PAGE
         assert await c.get(url) == PAGE
         await c.close()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, cast
+from typing import Protocol
 
 import xxhash
 
@@ -171,6 +171,4 @@ class PyPrefixIndex:
 
 
 # The native index when the extension is in use (same results: tests/scheduling/plugins/test_native.py).
-PrefixIndex: Callable[[int], Index] = (
-    cast("Callable[[int], Index]", native.module.PrefixIndex) if native.module is not None else PyPrefixIndex
-)
+PrefixIndex: Callable[[int], Index] = native.module.PrefixIndex if native.module is not None else PyPrefixIndex
