@@ -55,6 +55,7 @@ from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
 from picker.scrape import poller
+from picker.scrape.share import ScrapeShare
 from picker.settings import PeerSettings, ScrapeSettings, ServerSettings, Settings
 from picker.telemetry import REGISTRY, kvmetrics, logs, metricsauth, pprof, runtime, tracing
 from picker.telemetry import metrics as m
@@ -605,11 +606,16 @@ async def serving(
             subscriber = precise.subscriber
             background.append(("kv-events", lambda: subscriber.run(store=store)))
         if scrape:
+            share = _scrape_share(settings.scrape, peer_node.exchange if peer_node else None)
             background.append(
                 (
                     "scrape",
                     lambda: poller.run(
-                        store=store, settings=settings.scrape, clock=clock, own_requests=ctx.ledger_requests
+                        store=store,
+                        settings=settings.scrape,
+                        clock=clock,
+                        own_requests=ctx.ledger_requests,
+                        share=share,
                     ),
                 )
             )
@@ -750,6 +756,18 @@ def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredent
         return int(server.add_secure_port(address, credentials))
     except RuntimeError as exc:  # grpc's "Failed to bind"
         raise errors.ConfigError(f"cannot listen on {address}: {exc}") from exc
+
+
+def _scrape_share(scrape: ScrapeSettings, exchange: Exchange | None) -> ScrapeShare | None:
+    """A worker's share of the pod's polls (``--workers``), over the workers' exchange; None: poll every server."""
+    if scrape.share_count <= 1 or exchange is None:
+        return None
+    # The owner's outcomes arrive every interval (a poll that hangs reports its timeout); two intervals and a
+    # timeout of silence mean it is not polling: a dead worker's servers are polled by the others meanwhile.
+    share = ScrapeShare(scrape.share_index, scrape.share_count, takeover_s=2 * scrape.interval_s + scrape.timeout_s)
+    share.publish = exchange.publish_scrapes
+    exchange.on_scrapes = share.receive
+    return share
 
 
 def _address(host: str, port: int) -> str:

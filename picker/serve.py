@@ -8,6 +8,9 @@ Python runs one scheduling cycle at a time per process, so one process tops out 
   picker has workers leaves some idle);
 * the workers are each other's active-active peers (docs/ha.md) over loopback: each one's in-flight requests
   and prefix placements reach the others within ``--peer-flush-interval``, so they schedule as one picker;
+* the workers poll each model server once between them, not once each: a server's ``/metrics`` is polled by the
+  worker its key hashes to, and the exchange carries the outcome to the others (picker/scrape/share.py; a dead
+  worker's servers are polled by the others until it is back);
 * with TLS and no ``--cert-path`` the supervisor makes the self-signed pair once, in a private directory, so
   every connection sees the same certificate and the peers can authenticate each other;
 * each worker serves /metrics on a loopback port; the supervisor serves the pod's ``--metrics-port`` with the
@@ -196,6 +199,8 @@ class WorkerPlan:
             peers=dataclasses.replace(
                 self.settings.peers, peers=peers, port=self.peer_ports[index], bind_host=_LOOPBACK
             ),
+            # each server polled once for the pod, its outcome shared over the exchange (picker/scrape/share.py)
+            scrape=dataclasses.replace(self.settings.scrape, share_index=index, share_count=self.count),
         )
 
     def close(self) -> None:

@@ -62,6 +62,10 @@ class ScrapeSettings:
     fail_threshold: int = 3  # consecutive failed polls before an endpoint is excluded
     recover_threshold: int = 2  # consecutive good polls before it is readmitted
     max_response_bytes: int = 4 * 1024 * 1024  # a /metrics page larger than this is an error
+    # --workers: this worker's index among the pod's ``share_count`` workers, which poll each server once between
+    # them over their peer exchange (picker/scrape/share.py); a count of 1 polls every server
+    share_index: int = 0
+    share_count: int = 1
 
 
 @dataclass(frozen=True, slots=True)

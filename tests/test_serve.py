@@ -206,13 +206,14 @@ HELD = 12  # connections: all on one of two workers with probability 2 / 2**12
 
 
 @contextlib.asynccontextmanager
-async def metrics_stub() -> AsyncIterator[int]:
+async def metrics_stub(polls: Counter[str]) -> AsyncIterator[int]:
     page = (
         b'vllm:num_requests_waiting{model_name="m"} 0\nvllm:num_requests_running{model_name="m"} 0\n'
         b'vllm:kv_cache_usage_perc{model_name="m"} 0.1\n'
     )
 
-    async def handle(_: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.Response:
+        polls[request.match_info["i"]] += 1
         return web.Response(body=page, content_type="text/plain")
 
     server = web.Application()
@@ -228,8 +229,11 @@ async def metrics_stub() -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
-async def workers(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[procs.Child, int, int]]:
-    async with metrics_stub() as stub:
+async def workers(
+    tmp_path: Path, *extra: str, polls: Counter[str] | None = None
+) -> AsyncIterator[tuple[procs.Child, int, int]]:
+    """``polls``: counts the /metrics polls per endpoint index."""
+    async with metrics_stub(polls if polls is not None else Counter()) as stub:
         endpoints = tmp_path / "endpoints.json"
         endpoints.write_text(
             json.dumps(
@@ -347,10 +351,20 @@ def connected_pids(port: int, pids: list[int]) -> set[int]:
 
 
 async def test_two_workers_share_the_port_and_schedule_as_one(tmp_path: Path) -> None:
-    async with workers(tmp_path) as (child, grpc_port, metrics_port):
+    polls = Counter[str]()
+    async with workers(tmp_path, polls=polls) as (child, grpc_port, metrics_port):
         await until_page(metrics_port, 'picker_workers{state="scraped"}', 2, child)
         await until_page(metrics_port, 'inference_pool_ready_pods{name="static"}', ENDPOINTS, child)
         await until_page(metrics_port, 'picker_peer_links{state="connected"}', 2, child)  # one link each way
+
+        # Each server is polled once per interval for the pod, by one worker; the exchange tells the other.
+        before = polls.copy()
+        await asyncio.sleep(2.0)
+        polled = [polls[str(i)] - before[str(i)] for i in range(ENDPOINTS)]
+        assert all(5 <= n <= 30 for n in polled), polled  # every 100 ms: ~20 in 2 s (~40 if both polled)
+        received = gauge(await scrape(metrics_port), 'picker_peer_scrapes_total{direction="received"}')
+        assert received is not None
+        assert received >= sum(polled) / 2
         pids = worker_pids(child.pid)
         assert len(pids) == 2
         held, counts = [], Counter[str]()

@@ -16,6 +16,10 @@ Pure (no sockets, time from the caller): the policy lab runs it between its rout
 
 ``receive`` applies a peer's batch: its loads to the ``PeerLoads`` table (they expire after ``state_ttl_s`` of
 silence), its placements to the prefix scorer of the same name, as if this replica had made them.
+
+Between the workers of one pod the batches also carry the outcomes of the polls each worker made for the others
+(``publish_scrapes``, picker.scrape.share): sent once to every peer at the next flush, handed to ``on_scrapes``
+on arrival.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import xxhash
@@ -33,12 +37,17 @@ from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.store import EndpointStore
 from picker.peers import wire
 from picker.scheduling.plugins.prefix import PrefixCacheScorer
+from picker.scrape.share import SharedScrape
 
 __all__ = ["Exchange", "ExchangeSettings", "ExchangeStats", "prefix_scorers"]
 
 log = logging.getLogger(__name__)
 
 _SPLIT_BYTES = wire.MAX_BATCH_BYTES // 2  # placements per batch before a flush splits (strings and loads fit)
+# Shared scrapes per batch: each costs at most ~2 strings of 256 bytes plus its LoRA names' references, so a batch
+# of 256 stays within the byte and string limits unless servers run hundreds of adapters each (then it splits).
+_SCRAPES_PER_BATCH = 256
+_MAX_PENDING_SCRAPES = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,9 @@ class ExchangeStats:
     batches_lost: int = 0  # gaps in peers' sequence numbers
     placements_dropped: int = 0  # over max_pending between two flushes
     placements_ignored: int = 0  # unknown plugin or server, or another block size
+    scrapes_sent: int = 0  # shared poll outcomes, counted once per peer
+    scrapes_received: int = 0
+    scrapes_dropped: int = 0  # over the pending limit between two flushes
 
 
 @dataclass(slots=True)
@@ -110,6 +122,9 @@ class Exchange:
         self._last_seq: dict[int, int] = {}
         self._salts: dict[str, int] = {}
         self._changed: set[str] = set()  # servers whose own totals changed since the last flush
+        self._scrapes: list[SharedScrape] = []
+        # Set by the wiring between a pod's workers (app.py): takes the peers' poll outcomes and the clock.
+        self.on_scrapes: Callable[[tuple[SharedScrape, ...], float], None] | None = None
         for scorer in self._scorers.values():
             scorer.on_learn = self._learned
         inflight.listen(self._changed.add)
@@ -151,15 +166,26 @@ class Exchange:
             del self._pending[:excess]
             self.stats.placements_dropped += excess
 
+    def publish_scrapes(self, scrapes: Iterable[SharedScrape]) -> None:
+        """Poll outcomes for every peer, sent at the next flush."""
+        if not self._links:
+            return
+        self._scrapes.extend(scrapes)
+        excess = len(self._scrapes) - _MAX_PENDING_SCRAPES
+        if excess > 0:
+            del self._scrapes[:excess]
+            self.stats.scrapes_dropped += excess
+
     def flush(self, now: float) -> dict[str, list[bytes]]:
-        """The batches to send now, per peer (usually one; more only when the placements exceed a batch)."""
+        """The batches to send now, per peer (usually one; more only when the placements or scrapes exceed one)."""
         pending, self._pending = self._pending, []
+        scrapes, self._scrapes = self._scrapes, []
         changed = self._changed_loads()
         heartbeat = self.settings.heartbeat_s
         own = self._own_loads() if any(now - k.last_full_s >= heartbeat for k in self._links.values()) else None
         out: dict[str, list[bytes]] = {}
         for name, link in self._links.items():
-            batches = self._batches_for(link, pending, own, changed, now)
+            batches = self._batches_for(link, pending, scrapes, own, changed, now)
             if batches:
                 out[name] = batches
         return out
@@ -184,6 +210,7 @@ class Exchange:
         self,
         link: _Link,
         pending: list[wire.Placement],
+        scrapes: list[SharedScrape],
         own: dict[str, tuple[int, int]] | None,
         changed: dict[str, tuple[int, int]],
         now: float,
@@ -196,7 +223,7 @@ class Exchange:
         else:
             loads = {k: v for k, v in changed.items() if link.loads.get(k, (0, 0)) != v}
         places = self._fresh(link, pending, now)
-        if not places and not loads and not full and now - link.last_sent_s < settings.heartbeat_s:
+        if not places and not scrapes and not loads and not full and now - link.last_sent_s < settings.heartbeat_s:
             return []
         chunks: list[list[wire.Placement]] = [[]]
         size = 0
@@ -207,14 +234,23 @@ class Exchange:
                 size = 0
             chunks[-1].append(p)
             size += cost
+        shared = [tuple(scrapes[i : i + _SCRAPES_PER_BATCH]) for i in range(0, len(scrapes), _SCRAPES_PER_BATCH)]
         out = []
-        for i, chunk in enumerate(chunks):
+        for i in range(max(len(chunks), len(shared))):
             link.seq += 1
-            batch = wire.Batch(self.incarnation, link.seq, full and i == 0, loads if i == 0 else {}, tuple(chunk))
+            batch = wire.Batch(
+                self.incarnation,
+                link.seq,
+                full and i == 0,
+                loads if i == 0 else {},
+                tuple(chunks[i]) if i < len(chunks) else (),
+                shared[i] if i < len(shared) else (),
+            )
             data = wire.encode(batch)
             out.append(data)
             self.stats.batches_sent += 1
             self.stats.bytes_sent += len(data)
+        self.stats.scrapes_sent += len(scrapes)
         if full:
             link.loads = loads
         else:
@@ -286,4 +322,8 @@ class Exchange:
             endpoint = snapshot.get(p.endpoint)
             if scorer is None or endpoint is None or not scorer.learn_placement(endpoint, p.block_bytes, p.hashes):
                 stats.placements_ignored += 1
+        if batch.scrapes:
+            stats.scrapes_received += len(batch.scrapes)
+            if self.on_scrapes is not None:
+                self.on_scrapes(batch.scrapes, now)
         return batch

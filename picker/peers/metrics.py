@@ -5,7 +5,9 @@
 * ``picker_peer_batches_total{direction}`` counter: ``sent``, ``received``, ``rejected`` (bad bytes), ``lost``
   (sequence gaps), ``dropped`` (a full link queue);
 * ``picker_peer_bytes_total{direction}`` counter: ``sent``, ``received``;
-* ``picker_peer_placements_dropped_total`` counter: placements over the pending bound between two flushes.
+* ``picker_peer_placements_dropped_total`` counter: placements over the pending bound between two flushes;
+* ``picker_peer_scrapes_total{direction}`` counter: poll outcomes shared between a pod's workers, ``sent`` (once
+  per peer), ``received``, ``dropped`` (over the pending bound between two flushes).
 """
 
 from __future__ import annotations
@@ -55,7 +57,13 @@ class PeerCollector(Collector):
             "picker_peer_placements_dropped", "Placements dropped over the pending bound between two flushes."
         )
         dropped.add_metric((), float(stats.placements_dropped))
-        yield from (links, states, batches, size, dropped)
+        scrapes = CounterMetricFamily(
+            "picker_peer_scrapes", "Poll outcomes shared between a pod's workers, by direction.", labels=("direction",)
+        )
+        scrapes.add_metric(("sent",), float(stats.scrapes_sent))
+        scrapes.add_metric(("received",), float(stats.scrapes_received))
+        scrapes.add_metric(("dropped",), float(stats.scrapes_dropped))
+        yield from (links, states, batches, size, dropped, scrapes)
 
     def describe(self) -> Iterable[Metric]:
         return ()

@@ -4,18 +4,30 @@
     strings     u16 n, then n x (u16 length, UTF-8 bytes ≤ MAX_STRING_BYTES)    endpoint keys and plugin names
     loads       u16 n, then n x (u16 key, u32 requests, u32 tokens)              the sender's in-flight totals
     placements  u16 n, then n x (u16 plugin, u16 key, u32 block bytes, u16 h, h x u64 hash)
+    scrapes     (only when there are any) u16 n, then n x a shared poll outcome (picker.scrape.share):
+                u16 key, u16 reason (a string; 0xFFFF: the poll succeeded), u32 age in µs, then
+                succeeded: u32 waiting, u32 running, f64 KV use, u32 max LoRAs, i64 block size, i64 GPU blocks,
+                           i64 own requests (-1: None each), u16 r, r x u16 running LoRA, u16 w, w x u16 waiting LoRA
+                failed:    u16 message (a string)
 
 Strings are referenced by index, so a key costs its bytes once per batch. ``decode`` checks the magic, every
 count against the limits, every index against the string table, and that the message is consumed exactly; any
 violation is a ``WireError`` (the receiver drops the batch: the next full snapshot and the re-announcements heal
 what it carried).
+
+The scrapes section is left out when empty, so a batch without it reads as before this section existed: only the
+workers of one pod, which run the same build, share scrapes.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from picker.endpoints.model import EndpointMetrics
+from picker.scrape.errors import REASONS
+from picker.scrape.share import SharedScrape
 
 __all__ = [
     "MAGIC",
@@ -32,16 +44,21 @@ __all__ = [
 
 MAGIC = b"PKX1"
 MAX_BATCH_BYTES = 256 * 1024
-MAX_RECORDS = 4096  # strings, loads, placements: each
+MAX_RECORDS = 4096  # strings, loads, placements, scrapes: each
 MAX_HASHES = 256  # per placement (the prefix scorer's default maxPrefixBlocksToMatch)
 MAX_STRING_BYTES = 256
+MAX_LORAS = 256  # per list of a shared scrape
 FLAG_FULL = 1
 
 _HEADER = struct.Struct("<4sQQB")
 _U16 = struct.Struct("<H")
 _LOAD = struct.Struct("<HII")
 _PLACEMENT = struct.Struct("<HHIH")
+_SCRAPE = struct.Struct("<HHI")
+_SCRAPE_METRICS = struct.Struct("<IIdIqqq")
+_OK = 0xFFFF
 _U32_MAX = 0xFFFFFFFF
+_I64_MAX = 2**63 - 1
 
 
 class WireError(ValueError):
@@ -63,6 +80,7 @@ class Batch:
     full: bool  # ``loads`` is a full snapshot (servers not named are at zero)
     loads: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (requests, tokens)
     placements: tuple[Placement, ...] = ()
+    scrapes: tuple[SharedScrape, ...] = ()  # only between the workers of one pod
 
 
 def encode(batch: Batch) -> bytes:
@@ -79,7 +97,8 @@ def encode(batch: Batch) -> bytes:
 
     loads = [(ref(k), _clamp(n), _clamp(t)) for k, (n, t) in batch.loads.items()]
     places = [(ref(p.plugin), ref(p.endpoint), p) for p in batch.placements]
-    if max(len(strings), len(loads), len(places)) > MAX_RECORDS:
+    scrapes = [_encode_scrape(s, ref) for s in batch.scrapes]
+    if max(len(strings), len(loads), len(places), len(scrapes)) > MAX_RECORDS:
         raise WireError(f"over {MAX_RECORDS} records")
     out = [_HEADER.pack(MAGIC, batch.incarnation, batch.seq, FLAG_FULL if batch.full else 0), _U16.pack(len(strings))]
     for s in strings:
@@ -93,6 +112,9 @@ def encode(batch: Batch) -> bytes:
             raise WireError("placement over the limits")
         n = len(p.hashes)
         out += (_PLACEMENT.pack(plugin, key, p.block_bytes, n), struct.pack(f"<{n}Q", *p.hashes))
+    if scrapes:
+        out.append(_U16.pack(len(scrapes)))
+        out += scrapes
     data = b"".join(out)
     if len(data) > MAX_BATCH_BYTES:
         raise WireError(f"batch of {len(data)} bytes over {MAX_BATCH_BYTES}")
@@ -152,9 +174,75 @@ def decode(data: bytes) -> Batch:
             raise WireError("placement over the limits")
         hashes = take(struct.Struct(f"<{h}Q")) if h else ()
         placements.append(Placement(string(plugin), string(key), block_bytes, hashes))
+    scrapes: list[SharedScrape] = []
+    if pos < len(view):
+        for _ in range(count()):
+            key, reason, age_us = take(_SCRAPE)
+            if reason != _OK:
+                reason_s = string(reason)
+                if reason_s not in REASONS:
+                    raise WireError("unknown scrape error reason")
+                (message,) = take(_U16)
+                scrapes.append(SharedScrape(string(key), age_us / 1e6, None, reason_s, string(message)))
+                continue
+            waiting, running, kv, max_loras, block_size, gpu_blocks, own = take(_SCRAPE_METRICS)
+            loras = []
+            for _ in range(2):
+                (n,) = take(_U16)
+                if n > MAX_LORAS:
+                    raise WireError("over the LoRA limit")
+                loras.append(frozenset(string(i) for i in take(struct.Struct(f"<{n}H"))) if n else frozenset())
+            metrics = EndpointMetrics(
+                waiting=waiting,
+                running=running,
+                kv_usage=kv,
+                running_loras=loras[0],
+                waiting_loras=loras[1],
+                max_loras=max_loras,
+                block_size=_optional(block_size),
+                num_gpu_blocks=_optional(gpu_blocks),
+                own_requests=_optional(own),
+            )
+            scrapes.append(SharedScrape(string(key), age_us / 1e6, metrics))
     if pos != len(view):
         raise WireError("trailing bytes")
-    return Batch(incarnation, seq, bool(flags & FLAG_FULL), loads, tuple(placements))
+    return Batch(incarnation, seq, bool(flags & FLAG_FULL), loads, tuple(placements), tuple(scrapes))
+
+
+def _encode_scrape(s: SharedScrape, ref: Callable[[str], int]) -> bytes:
+    age_us = min(_U32_MAX, max(0, round(s.age_s * 1e6)))
+    m = s.metrics
+    if m is None:
+        if s.reason not in REASONS:
+            raise WireError("unknown scrape error reason")
+        message = s.message.encode()[:MAX_STRING_BYTES].decode(errors="ignore")
+        return _SCRAPE.pack(ref(s.key), ref(s.reason), age_us) + _U16.pack(ref(message))
+    if max(len(m.running_loras), len(m.waiting_loras)) > MAX_LORAS:
+        raise WireError("over the LoRA limit")
+    parts = [
+        _SCRAPE.pack(ref(s.key), _OK, age_us),
+        _SCRAPE_METRICS.pack(
+            _clamp(m.waiting),
+            _clamp(m.running),
+            m.kv_usage,
+            _clamp(m.max_loras),
+            _nullable(m.block_size),
+            _nullable(m.num_gpu_blocks),
+            _nullable(m.own_requests),
+        ),
+    ]
+    for names in (m.running_loras, m.waiting_loras):
+        parts.append(_U16.pack(len(names)))
+        parts += (_U16.pack(ref(n)) for n in sorted(names))
+    return b"".join(parts)
+
+
+def _nullable(n: int | None) -> int:
+    return -1 if n is None else max(0, min(n, _I64_MAX))
+
+
+def _optional(n: int) -> int | None:
+    return None if n < 0 else n
 
 
 def _clamp(n: int) -> int:

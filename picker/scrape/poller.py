@@ -45,6 +45,7 @@ from picker.endpoints.store import EndpointStore
 from picker.scrape import engines
 from picker.scrape.errors import REASONS, ScrapeError
 from picker.scrape.http import MetricsClient
+from picker.scrape.share import ScrapeShare, SharedScrape
 from picker.settings import ScrapeSettings
 from picker.telemetry import scrape as telemetry
 
@@ -72,11 +73,13 @@ async def run(
     settings: ScrapeSettings,
     clock: Callable[[], float],
     own_requests: Callable[[str], int] | None = None,
+    share: ScrapeShare | None = None,
 ) -> None:
     """Poll the store's endpoints until cancelled.
-    ``own_requests(key)``: picker's in-flight requests to an endpoint (``InflightTracker.requests``)."""
+    ``own_requests(key)``: picker's in-flight requests to an endpoint (``InflightTracker.requests``).
+    ``share``: poll only the servers this worker owns, publish every outcome, apply the other workers' ones."""
     client = MetricsClient(max_response_bytes=settings.max_response_bytes, headers=_HEADERS)
-    poller = _Poller(store, settings, clock, client, own_requests)
+    poller = _Poller(store, settings, clock, client, own_requests, share)
     try:
         await poller.loop()
     finally:
@@ -92,6 +95,7 @@ class _Poller:
         clock: Callable[[], float],
         client: MetricsClient,
         own_requests: Callable[[str], int] | None = None,
+        share: ScrapeShare | None = None,
     ) -> None:
         if settings.interval_s <= 0 or settings.timeout_s <= 0 or settings.max_response_bytes <= 0:
             raise ValueError("scrape interval_s, timeout_s and max_response_bytes must be positive")
@@ -100,6 +104,7 @@ class _Poller:
         self._clock = clock
         self._client = client
         self._own_requests = own_requests
+        self._share = share
         self._tracker = FreshnessTracker.from_settings(settings, clock)
         self._urls: dict[str, str] = {}  # tracked endpoint key -> metrics URL
         self._inflight: dict[str, asyncio.Task[_Outcome]] = {}
@@ -141,8 +146,10 @@ class _Poller:
                 self._warn_unknown_engine(ep)
         self._tracker.sync(self._urls)
         started: list[asyncio.Task[_Outcome]] = []
+        share = self._share
+        now = self._clock()
         for key, ep in targets.items():
-            if key not in self._inflight:
+            if key not in self._inflight and (share is None or share.due(key, now)):
                 task = asyncio.create_task(self._poll(ep), name=f"scrape {key}")
                 self._inflight[key] = task
                 started.append(task)
@@ -154,22 +161,28 @@ class _Poller:
         if task is not None:
             task.cancel()
         self._tracker.forget(key)
+        if self._share is not None:
+            self._share.forget(key)
         telemetry.forget_endpoint(key, REASONS)
 
     def _collect(self) -> None:
         updates: dict[str, EndpointMetrics] = {}
         transitions: list[Transition] = []
+        polled: list[_Outcome] = []
         for key, task in list(self._inflight.items()):
             if not task.done():
                 continue
             del self._inflight[key]
             outcome = task.result()
+            polled.append(outcome)
             if outcome.metrics is not None:
                 updates[key] = outcome.metrics
                 transitions += self._tracker.success(key)
             elif outcome.error is not None:
                 telemetry.SCRAPE_ERRORS.labels(key, outcome.error.reason).inc()
                 transitions += self._tracker.failure(key, outcome.error.reason, outcome.error.message)
+        if self._share is not None:
+            transitions += self._exchange(self._share, polled, updates)
         if updates:
             self._store.update_metrics(updates)
         transitions += self._tracker.check()
@@ -178,6 +191,25 @@ class _Poller:
             age_s = self._tracker.age_s(key)
             if age_s is not None:
                 telemetry.METRICS_AGE.labels(key).set(age_s)
+
+    def _exchange(
+        self, share: ScrapeShare, polled: list[_Outcome], updates: dict[str, EndpointMetrics]
+    ) -> list[Transition]:
+        """Publish this tick's polls; apply the other workers' outcomes (adding to ``updates``) as if polled here.
+        The owner counted the poll (duration, errors), so the shared ones count nowhere here."""
+        now = self._clock()
+        if polled and share.publish is not None:
+            share.publish([_shared(o, now) for o in polled])
+        transitions: list[Transition] = []
+        for s in share.take():
+            if s.key not in self._urls or s.key in updates:  # left the pool, or polled here this very tick
+                continue
+            if s.metrics is not None:
+                updates[s.key] = dataclasses.replace(s.metrics, updated_at=now - s.age_s)
+                transitions += self._tracker.success(s.key)
+            else:
+                transitions += self._tracker.failure(s.key, s.reason, s.message)
+        return transitions
 
     def _apply(self, transitions: list[Transition]) -> None:
         excluded: dict[str, bool] = {}
@@ -234,3 +266,11 @@ class _Poller:
                 ep.key,
                 engines.DEFAULT_ENGINE,
             )
+
+
+def _shared(outcome: _Outcome, now: float) -> SharedScrape:
+    if outcome.metrics is not None:
+        return SharedScrape(outcome.key, max(0.0, now - outcome.metrics.updated_at), outcome.metrics)
+    error = outcome.error
+    assert error is not None
+    return SharedScrape(outcome.key, 0.0, None, error.reason, error.message)

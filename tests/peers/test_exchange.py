@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from picker.endpoints.inflight import InflightTracker
+from picker.endpoints.model import EndpointMetrics
 from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.store import EndpointStore
 from picker.peers import wire
@@ -14,6 +17,7 @@ from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins.prefix import PrefixCacheScorer
 from picker.scheduling.plugins.prefix_index import prefix_hashes
 from picker.scheduling.scheduler import Scheduler
+from picker.scrape.share import SharedScrape
 from tests.conftest import FakeClock, endpoint, request
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1100 characters: many 64-byte blocks
@@ -223,3 +227,57 @@ def test_the_memory_of_what_was_sent_is_bounded(clock: FakeClock) -> None:
     a.route(f"0 {SYSTEM}", 1)
     [data] = a.exchange.flush(clock())["b"]
     assert sum(len(p.hashes) for p in wire.decode(data).placements) > 0
+
+
+def test_shared_scrapes_go_once_to_every_peer_and_reach_the_receiver(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    c = replica(clock, 3)
+    a.exchange.set_peers(["b", "c"])
+    got: list[tuple[tuple[SharedScrape, ...], float]] = []
+    b.exchange.on_scrapes = lambda scrapes, now: got.append((scrapes, now))
+    outcomes = [
+        SharedScrape("192.168.1.1:8000", 0.01, EndpointMetrics(waiting=4, running=2, kv_usage=0.5)),
+        SharedScrape("192.168.1.2:8000", 0.0, None, "refused", "ConnectionRefusedError"),
+    ]
+    a.exchange.publish_scrapes(outcomes)
+    clock.advance(0.001)  # not a heartbeat yet: the scrapes alone make the batch
+    [to_b] = deliver(a, b, "b", clock())
+    assert got == [(tuple(outcomes), clock())]
+    assert to_b.scrapes == tuple(outcomes)
+    assert a.exchange.stats.scrapes_sent == 4  # two outcomes, two peers
+    assert b.exchange.stats.scrapes_received == 2
+    assert c.exchange.on_scrapes is None  # a receiver not wired for scrapes counts them and drops them
+    clock.advance(0.001)
+    assert a.exchange.flush(clock()) == {}  # sent once
+
+
+def test_many_shared_scrapes_are_split_over_batches_within_the_limits(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    got: list[SharedScrape] = []
+    b.exchange.on_scrapes = lambda scrapes, now: got.extend(scrapes)
+    loras = frozenset(f"adapter-{i:03d}-" + "x" * 50 for i in range(40))  # many distinct strings per scrape
+    outcomes = [
+        SharedScrape(f"10.{i // 250}.{i % 250}.1:8000", 0.0, EndpointMetrics(running_loras=loras)) for i in range(600)
+    ]
+    outcomes += [SharedScrape(f"10.9.{i}.1:8000", 0.0, None, "http", "m" * 300) for i in range(200)]
+    a.exchange.publish_scrapes(outcomes)
+    batches = deliver(a, b, "b", clock())
+    assert len(batches) > 1
+    assert sum(len(batch.loads) for batch in batches[1:]) == 0  # the loads travel in the first batch only
+    assert [s.key for s in got] == [s.key for s in outcomes]
+    assert got[0].metrics == outcomes[0].metrics
+
+
+def test_scrapes_are_not_queued_without_peers_and_are_bounded(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = replica(clock, 1)
+    a.exchange.publish_scrapes([SharedScrape("k", 0.0, EndpointMetrics())])
+    a.exchange.set_peers(["b"])
+    [heartbeat] = a.exchange.flush(clock())["b"]  # the first batch to a new peer: loads in full, no scrapes
+    assert wire.decode(heartbeat).scrapes == ()
+    monkeypatch.setattr("picker.peers.exchange._MAX_PENDING_SCRAPES", 2)
+    a.exchange.publish_scrapes([SharedScrape(str(i), 0.0, EndpointMetrics()) for i in range(5)])
+    assert a.exchange.stats.scrapes_dropped == 3
+    [data] = a.exchange.flush(clock())["b"]
+    assert [s.key for s in wire.decode(data).scrapes] == ["3", "4"]

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import struct
 
 import pytest
 
+from picker.endpoints.model import EndpointMetrics
 from picker.peers import wire
 from picker.peers.wire import Batch, Placement, WireError
+from picker.scrape.share import SharedScrape
+
+METRICS = EndpointMetrics(
+    waiting=3,
+    running=7,
+    kv_usage=0.625,
+    running_loras=frozenset({"sql-lora", "chat-lora"}),
+    waiting_loras=frozenset({"sql-lora"}),
+    max_loras=4,
+    block_size=16,
+    num_gpu_blocks=2048,
+    own_requests=5,
+)
 
 
 def sample() -> Batch:
@@ -22,6 +37,11 @@ def sample() -> Batch:
             Placement("prefix-cache-scorer", "10.0.0.1:8000", 64, (1, 2**64 - 1, 3)),
             Placement("prefix-cache-scorer", "[fd00::1]:8000", 64, ()),
         ),
+        scrapes=(
+            SharedScrape("10.0.0.1:8000", 0.0125, METRICS),
+            SharedScrape("10.0.0.2:8000", 0.0, EndpointMetrics()),  # None where a server tells nothing
+            SharedScrape("10.0.0.3:8000", 0.5, None, "timeout", "no complete answer in 1.0 s"),
+        ),
     )
 
 
@@ -31,6 +51,22 @@ def test_round_trip() -> None:
     assert wire.decode(data) == batch
     # strings are sent once: the plugin name appears once although two placements use it
     assert data.count(b"prefix-cache-scorer") == 1
+
+
+def test_a_batch_without_scrapes_has_no_scrapes_section() -> None:
+    """Batches between replicas of other pods read as before the section existed (a rolling upgrade)."""
+    without = dataclasses.replace(sample(), scrapes=())
+    data = wire.encode(without)
+    assert wire.decode(data) == without
+    assert len(wire.encode(sample())) > len(data)
+    # it ends with the last placement (strings 2 and 3, 64-byte blocks, no hashes): no section after it
+    assert data.endswith(struct.pack("<HHIH", 2, 3, 64, 0))
+
+
+def test_a_failure_message_is_cut_to_a_string_on_a_character_boundary() -> None:
+    batch = Batch(1, 1, False, scrapes=(SharedScrape("k", 0.0, None, "http", "é" * 200),))
+    [scrape] = wire.decode(wire.encode(batch)).scrapes
+    assert scrape.message == "é" * (wire.MAX_STRING_BYTES // 2)
 
 
 def test_loads_are_clamped_to_u32() -> None:
@@ -45,6 +81,17 @@ def test_loads_are_clamped_to_u32() -> None:
         Batch(1, 1, False, {"x" * (wire.MAX_STRING_BYTES + 1): (1, 1)}),
         Batch(1, 1, False, placements=(Placement("p", "k", 0, (1,)),)),
         Batch(1, 1, False, {f"k{i}": (1, 1) for i in range(wire.MAX_RECORDS + 1)}),
+        Batch(1, 1, False, scrapes=(SharedScrape("k", 0.0, None, "no-such-reason", ""),)),
+        Batch(
+            1,
+            1,
+            False,
+            scrapes=(
+                SharedScrape(
+                    "k", 0.0, EndpointMetrics(running_loras=frozenset(f"a{i}" for i in range(wire.MAX_LORAS + 1)))
+                ),
+            ),
+        ),
     ],
 )
 def test_encode_refuses_over_limits(batch: Batch) -> None:
@@ -69,6 +116,9 @@ def test_decode_rejects_bad_input() -> None:
     bad.append(header + struct.pack("<H", 0) + struct.pack("<H", 1) + struct.pack("<HII", 5, 1, 1) + b"\0\0")
     # invalid UTF-8 in a string
     bad.append(header + struct.pack("<HH", 1, 2) + b"\xff\xfe" + b"\0\0\0\0")
+    # a shared failure whose reason is not a scrape error reason
+    strings = struct.pack("<H", 2) + struct.pack("<H", 1) + b"k" + struct.pack("<H", 4) + b"oops"
+    bad.append(header + strings + b"\0\0" + b"\0\0" + struct.pack("<H", 1) + struct.pack("<HHIH", 0, 1, 0, 0))
     for data in bad:
         with pytest.raises(WireError):
             wire.decode(data)

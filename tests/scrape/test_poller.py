@@ -16,6 +16,7 @@ from aiohttp import web
 from picker.endpoints.model import Endpoint, EndpointSnapshot
 from picker.endpoints.store import EndpointStore
 from picker.scrape import poller
+from picker.scrape.share import ScrapeShare
 from picker.settings import ScrapeSettings
 from picker.telemetry import REGISTRY
 
@@ -103,8 +104,10 @@ async def backend() -> AsyncIterator[Backend]:
 
 
 @asynccontextmanager
-async def polling(store: EndpointStore, settings: ScrapeSettings = FAST) -> AsyncIterator[None]:
-    task = asyncio.create_task(poller.run(store=store, settings=settings, clock=time.monotonic))
+async def polling(
+    store: EndpointStore, settings: ScrapeSettings = FAST, share: ScrapeShare | None = None
+) -> AsyncIterator[None]:
+    task = asyncio.create_task(poller.run(store=store, settings=settings, clock=time.monotonic, share=share))
     try:
         yield
     finally:
@@ -378,3 +381,87 @@ async def test_each_sample_notes_pickers_own_requests_once_its_page_arrived(back
     assert all(called >= at for (called, _), at in zip(calls, served, strict=False))
     assert get(store, e).metrics.own_requests in {value for _, value in calls}
     assert get(store, e).metrics.waiting == 4
+
+
+# -- a pod's workers share their polls (scrape/share.py), here two pollers wired to each other in process -------
+
+
+def workers_pair(takeover_s: float = 0.3) -> tuple[ScrapeShare, ScrapeShare]:
+    """Two workers' shares, each publishing straight into the other (what the exchange does every 5 ms)."""
+    a, b = ScrapeShare(0, 2, takeover_s=takeover_s), ScrapeShare(1, 2, takeover_s=takeover_s)
+    a.publish = lambda scrapes: b.receive(scrapes, time.monotonic())
+    b.publish = lambda scrapes: a.receive(scrapes, time.monotonic())
+    return a, b
+
+
+def stores(eps: list[Endpoint]) -> tuple[EndpointStore, EndpointStore]:
+    pair = EndpointStore(), EndpointStore()
+    for store in pair:
+        store.set_endpoints(eps)
+    return pair
+
+
+async def test_two_workers_poll_each_server_once_and_both_see_every_server(backend: Backend) -> None:
+    names = [f"w{i}" for i in range(8)]
+    eps = [ep(i, backend.url(name)) for i, name in enumerate(names)]
+    for i, name in enumerate(names):
+        backend.pages[name] = vllm_page(waiting=i, running=1)
+    (share_a, share_b), (store_a, store_b) = workers_pair(), stores(eps)
+    owned_by_a = {e.key for e in eps if share_a.owns(e.key)}
+    assert 0 < len(owned_by_a) < len(eps)
+    async with polling(store_a, share=share_a), polling(store_b, share=share_b):
+        await until(lambda: min(backend.hits[n, "ok"] for n in names) >= 5)
+        backend.pages["w3"] = vllm_page(waiting=42)
+        await until(lambda: get(store_a, eps[3]).metrics.waiting == 42 and get(store_b, eps[3]).metrics.waiting == 42)
+    # one TCP connection per server: only its owner polled it (unshared, each server sees one from each poller)
+    assert all(len(backend.peers[n]) == 1 for n in names), backend.peers
+    now = time.monotonic()
+    for store in (store_a, store_b):
+        for i, e in enumerate(eps):
+            m = get(store, e).metrics
+            assert m.waiting == (42 if i == 3 else i)
+            assert now - 1.0 < m.updated_at <= now  # dated from the page's age, on each worker's clock
+
+
+async def test_a_failure_the_owner_sees_excludes_the_server_for_every_worker(backend: Backend) -> None:
+    eps = [ep(i, backend.url(f"f{i}")) for i in range(4)]
+    (share_a, share_b), (store_a, store_b) = workers_pair(), stores(eps)
+    failing = next(e for e in eps if share_a.owns(e.key))
+    backend.modes[f"f{eps.index(failing)}"] = "fail"
+    errors_before = sample("picker_scrape_errors_total", endpoint=failing.key, reason="http")
+    async with polling(store_a, share=share_a), polling(store_b, share=share_b):
+        await until(lambda: get(store_a, failing).excluded and get(store_b, failing).excluded)
+        assert not any(get(s, e).excluded for s in (store_a, store_b) for e in eps if e != failing)
+        polls = backend.hits[f"f{eps.index(failing)}", "fail"]
+        backend.modes[f"f{eps.index(failing)}"] = "ok"
+        await until(lambda: not get(store_a, failing).excluded and not get(store_b, failing).excluded)
+    # the errors were counted once, by the worker that polled (the pod's page sums the workers')
+    assert sample("picker_scrape_errors_total", endpoint=failing.key, reason="http") - errors_before == polls
+
+
+async def test_a_dead_workers_servers_are_polled_by_the_other_until_it_is_back(backend: Backend) -> None:
+    names = [f"d{i}" for i in range(6)]
+    eps = [ep(i, backend.url(name)) for i, name in enumerate(names)]
+    (share_a, share_b), (store_a, store_b) = workers_pair(takeover_s=0.3), stores(eps)
+    a_owns = [n for n, e in zip(names, eps, strict=True) if share_a.owns(e.key)]
+    assert a_owns
+    async with polling(store_b, share=share_b):
+        async with polling(store_a, share=share_a):
+            await until(lambda: all(backend.hits[n, "ok"] >= 3 for n in names))
+        # worker a is gone: b has heard nothing about a's servers for takeover_s, and polls them itself
+        backend.pages[a_owns[0]] = vllm_page(waiting=77)
+        target = eps[names.index(a_owns[0])]
+        await until(lambda: get(store_b, target).metrics.waiting == 77)
+        assert all(len(backend.peers[n]) == 2 for n in a_owns)  # a's connection, then b's
+        assert not any(e.excluded for e in store_b.current())
+        # a is back (a new process, same index): once b hears from it again, b stops polling a's servers
+        share_a2 = ScrapeShare(0, 2, takeover_s=0.3)
+        share_a2.publish = lambda scrapes: share_b.receive(scrapes, time.monotonic())
+        async with polling(store_a, share=share_a2):
+            await asyncio.sleep(0.3)
+            hits = Counter({n: backend.hits[n, "ok"] for n in a_owns})
+            await asyncio.sleep(0.4)
+            polled = {n: backend.hits[n, "ok"] - hits[n] for n in a_owns}
+            assert not any(share_b.due(e.key, time.monotonic()) for e in eps if share_a.owns(e.key))
+    # a new poller (a2) polls each at 50 Hz; were b still polling too, each would see about twice that
+    assert all(polled[n] <= 0.4 / FAST.interval_s * 1.5 for n in a_owns), polled

@@ -1,0 +1,91 @@
+"""One scrape per server per interval for a pod's workers, not one per worker.
+
+Without sharing, each of ``--workers N`` polls every model server, so every server answers N times as many
+``/metrics`` requests as with one picker (a vLLM server renders its ~50 KB page on the event loop that streams
+tokens) and every worker spends the parse CPU of the whole pool. With a ``ScrapeShare`` worker ``index`` polls the
+servers whose key hashes to it (``owns``), and the pod's peer exchange carries every outcome, a page's metrics or
+a failure, to the other workers, whose pollers apply it as if they had polled (``picker.scrape.poller``): the
+same metrics, the same freshness and exclusion decisions, one poll per server.
+
+A worker polls a server it does not own too when it has heard nothing about it for ``takeover_s`` (from when
+it first saw the server): the owner died and is being restarted, or cannot reach its peers. It stops again as
+soon as the owner's outcomes arrive. Only a pod's own workers share scrapes: replicas in other pods keep their
+own view of the servers, so one replica's network trouble is not every replica's.
+
+``SharedScrape.age_s`` is the page's age when the owner published it; the receiver dates the metrics from its own
+clock, so they read at most one exchange flush (5 ms between workers) younger than they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import xxhash
+
+from picker.endpoints.model import EndpointMetrics
+
+__all__ = ["ScrapeShare", "SharedScrape"]
+
+_MAX_INBOX = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class SharedScrape:
+    """One poll's outcome as the worker that made it tells the others."""
+
+    key: str  # the server (ip:port)
+    age_s: float  # how long before publishing the page was read (or the poll failed)
+    metrics: EndpointMetrics | None  # None: the poll failed
+    reason: str = ""  # the failure's reason (picker.scrape.errors.REASONS), when metrics is None
+    message: str = ""  # the failure's detail, for the logs
+
+
+class ScrapeShare:
+    """Which servers this worker polls, and the outcomes the other workers told it since the last ``take``."""
+
+    def __init__(self, index: int, count: int, *, takeover_s: float) -> None:
+        if not 0 <= index < count:
+            raise ValueError(f"worker {index} of {count}")
+        if takeover_s <= 0:
+            raise ValueError("takeover_s must be positive")
+        self.index = index
+        self.count = count
+        self.takeover_s = takeover_s
+        # Set by the wiring (app.py): hands this worker's outcomes to the exchange.
+        self.publish: Callable[[list[SharedScrape]], None] | None = None
+        self._inbox: list[SharedScrape] = []
+        self._heard: dict[str, float] = {}  # server -> when an outcome about it last arrived (or first seen)
+        self._owned: dict[str, bool] = {}
+
+    def owns(self, key: str) -> bool:
+        owned = self._owned.get(key)
+        if owned is None:
+            owned = self._owned[key] = xxhash.xxh64_intdigest(key.encode()) % self.count == self.index
+        return owned
+
+    def due(self, key: str, now: float) -> bool:
+        """Whether this worker should poll ``key`` itself: it owns it, or nobody told it about it lately."""
+        if self.owns(key):
+            return True
+        heard = self._heard.setdefault(key, now)  # first seen: the owner gets takeover_s to speak
+        return now - heard >= self.takeover_s
+
+    def receive(self, scrapes: Iterable[SharedScrape], now: float) -> None:
+        """Another worker's outcomes (the exchange calls this)."""
+        for s in scrapes:
+            self._inbox.append(s)
+            self._heard[s.key] = now
+        excess = len(self._inbox) - _MAX_INBOX
+        if excess > 0:  # nobody takes them (the poller is not running): keep the newest
+            del self._inbox[:excess]
+
+    def take(self) -> list[SharedScrape]:
+        """The outcomes received since the last call, oldest first."""
+        inbox, self._inbox = self._inbox, []
+        return inbox
+
+    def forget(self, key: str) -> None:
+        """The server left the pool."""
+        self._heard.pop(key, None)
+        self._owned.pop(key, None)

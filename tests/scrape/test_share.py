@@ -1,0 +1,57 @@
+"""Which servers a worker polls among a pod's workers, and when it polls another's."""
+
+from __future__ import annotations
+
+import pytest
+
+from picker.endpoints.model import EndpointMetrics
+from picker.scrape.share import ScrapeShare, SharedScrape
+
+KEYS = [f"10.{i // 250}.{i % 250}.1:8000" for i in range(600)]
+
+
+def test_every_server_has_exactly_one_owner_and_the_shares_are_even() -> None:
+    shares = [ScrapeShare(i, 3, takeover_s=1.0) for i in range(3)]
+    owners = [[s.index for s in shares if s.owns(k)] for k in KEYS]
+    assert all(len(o) == 1 for o in owners)
+    counts = [sum(1 for o in owners if o == [i]) for i in range(3)]
+    assert all(150 <= c <= 250 for c in counts), counts
+    # the same for a worker restarted with the same index (a new process): ownership depends on the key alone
+    again = ScrapeShare(1, 3, takeover_s=1.0)
+    assert [again.owns(k) for k in KEYS] == [shares[1].owns(k) for k in KEYS]
+
+
+def test_a_server_nobody_reports_on_is_taken_over_and_given_back() -> None:
+    share = ScrapeShare(0, 2, takeover_s=1.0)
+    other = next(k for k in KEYS if not share.owns(k))
+    mine = next(k for k in KEYS if share.owns(k))
+    assert share.due(mine, 0.0)
+    assert not share.due(other, 0.0)  # first seen: its owner has takeover_s to report
+    assert not share.due(other, 0.9)
+    assert share.due(other, 1.0)  # silence: poll it here
+    share.receive([SharedScrape(other, 0.0, EndpointMetrics(waiting=1))], 1.5)
+    assert not share.due(other, 1.6)  # the owner is back
+    assert share.due(other, 2.5)
+    share.forget(other)  # it left the pool; if it comes back, its owner gets a fresh grace
+    assert not share.due(other, 10.0)
+    assert share.due(other, 11.0)
+
+
+def test_received_outcomes_are_taken_once_in_order_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    share = ScrapeShare(0, 2, takeover_s=1.0)
+    first, second = SharedScrape("a", 0.0, None, "timeout", "t"), SharedScrape("b", 0.1, EndpointMetrics())
+    share.receive([first, second], 0.0)
+    assert share.take() == [first, second]
+    assert share.take() == []
+    monkeypatch.setattr("picker.scrape.share._MAX_INBOX", 3)
+    share.receive([SharedScrape(str(i), 0.0, EndpointMetrics()) for i in range(5)], 0.0)
+    assert [s.key for s in share.take()] == ["2", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("index", "count", "takeover_s", "error"),
+    [(2, 2, 1.0, "worker 2 of 2"), (-1, 2, 1.0, "worker -1 of 2"), (0, 2, 0.0, "takeover_s must be positive")],
+)
+def test_bad_shares_are_refused(index: int, count: int, takeover_s: float, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        ScrapeShare(index, count, takeover_s=takeover_s)
