@@ -762,9 +762,12 @@ def _scrape_share(scrape: ScrapeSettings, exchange: Exchange | None) -> ScrapeSh
     """A worker's share of the pod's polls (``--workers``), over the workers' exchange; None: poll every server."""
     if scrape.share_count <= 1 or exchange is None:
         return None
-    # The owner's outcomes arrive every interval (a poll that hangs reports its timeout); two intervals and a
-    # timeout of silence mean it is not polling: a dead worker's servers are polled by the others meanwhile.
-    share = ScrapeShare(scrape.share_index, scrape.share_count, takeover_s=2 * scrape.interval_s + scrape.timeout_s)
+    # The owner's outcomes arrive every interval (a poll that hangs reports its timeout): two intervals and a
+    # timeout of silence mean it is not polling, and the others poll its servers until it is back. Sooner if the
+    # staleness threshold is shorter, so a dead worker's servers are polled again before they would go stale.
+    interval = scrape.interval_s
+    takeover_s = max(3 * interval, min(2 * interval + scrape.timeout_s, scrape.staleness_s / 2))
+    share = ScrapeShare(scrape.share_index, scrape.share_count, takeover_s=takeover_s)
     share.publish = exchange.publish_scrapes
     exchange.on_scrapes = share.receive
     return share
