@@ -24,6 +24,7 @@ on arrival.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
@@ -92,6 +93,14 @@ class _Link:
     seq: int = 0
     last_sent_s: float = float("-inf")
     last_full_s: float = float("-inf")
+
+
+def _fits(scrape: SharedScrape) -> bool:
+    try:
+        wire.encode(wire.Batch(0, 0, False, scrapes=(scrape,)))
+    except wire.WireError:
+        return False
+    return True
 
 
 def prefix_scorers(plugins: Mapping[str, object]) -> dict[str, PrefixCacheScorer]:
@@ -246,11 +255,22 @@ class Exchange:
                 tuple(chunks[i]) if i < len(chunks) else (),
                 shared[i] if i < len(shared) else (),
             )
-            data = wire.encode(batch)
+            try:
+                data = wire.encode(batch)
+            except wire.WireError as exc:
+                if not batch.scrapes:
+                    raise
+                # An outcome over the wire's limits (a LoRA name over 256 bytes, hundreds of adapters): the batch
+                # goes without it, and the peers, hearing nothing of that server, poll it themselves.
+                fitting = tuple(s for s in batch.scrapes if _fits(s))
+                log.debug("shared scrapes dropped: %s", exc)
+                self.stats.scrapes_dropped += len(batch.scrapes) - len(fitting)
+                batch = dataclasses.replace(batch, scrapes=fitting)
+                data = wire.encode(batch)
+            self.stats.scrapes_sent += len(batch.scrapes)
             out.append(data)
             self.stats.batches_sent += 1
             self.stats.bytes_sent += len(data)
-        self.stats.scrapes_sent += len(scrapes)
         if full:
             link.loads = loads
         else:

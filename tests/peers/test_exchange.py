@@ -281,3 +281,18 @@ def test_scrapes_are_not_queued_without_peers_and_are_bounded(
     assert a.exchange.stats.scrapes_dropped == 3
     [data] = a.exchange.flush(clock())["b"]
     assert [s.key for s in wire.decode(data).scrapes] == ["3", "4"]
+
+
+def test_an_outcome_over_the_wire_limits_is_dropped_not_the_batch(clock: FakeClock) -> None:
+    """The peers hear nothing of that server then, and poll it themselves (picker.scrape.share's takeover)."""
+    a, b = pair(clock)
+    got: list[SharedScrape] = []
+    b.exchange.on_scrapes = lambda scrapes, now: got.extend(scrapes)
+    a.route(SYSTEM + "q", 2)
+    huge = EndpointMetrics(running_loras=frozenset({"x" * (wire.MAX_STRING_BYTES + 1)}))
+    fine = SharedScrape("192.168.1.3:8000", 0.0, EndpointMetrics(waiting=2))
+    a.exchange.publish_scrapes([SharedScrape("192.168.1.1:8000", 0.0, huge), fine])
+    [batch] = deliver(a, b, "b", clock())
+    assert batch.placements  # the rest of the batch arrived
+    assert got == [fine]
+    assert (a.exchange.stats.scrapes_dropped, a.exchange.stats.scrapes_sent) == (1, 1)
