@@ -1,4 +1,5 @@
-"""Builds picker's optional native hot path (``picker.scheduling._native``); the rest is in pyproject.toml.
+"""Builds picker's optional native hot paths (``picker.scheduling._native``, ``picker.kvcache._native``); the rest
+is in pyproject.toml.
 
 The extension is optional: without a C compiler or Python's headers the install goes on and picker uses the
 pure-Python twins in ``picker/scheduling/plugins/prefix_index.py`` (docs/performance.md, issue 13).
@@ -13,6 +14,12 @@ setup(
             ["picker/scheduling/_native.c"],
             extra_compile_args=["-O3", "-ffp-contract=off"],  # float results as Python computes them
             optional=True,
-        )
+        ),
+        Extension(
+            "picker.kvcache._native",
+            ["picker/kvcache/_native.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=True,
+        ),
     ]
 )

@@ -33,14 +33,15 @@ no I/O.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from picker.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from picker.kvcache.keys import block_keys, root_key
 
-__all__ = ["DEFAULT_TIER_WEIGHTS", "IndexStats", "KVBlockIndex"]
+__all__ = ["DEFAULT_TIER_WEIGHTS", "NATIVE", "IndexStats", "KVBlockIndex"]
 
 DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.8}
 _SLOT_SHIFT = 4
@@ -48,6 +49,23 @@ _MASK = (1 << _SLOT_SHIFT) - 1
 _SPEC = 1 << 3  # the speculative bit; bits 0..2 are tiers
 _TIERS = _SPEC - 1
 _MAX_TIERS = 3
+
+
+def _load_native() -> (
+    Callable[[Sequence[int], dict[int, int | dict[int, int]], dict[int, str], list[float]], dict[str, float]] | None
+):
+    """The C walk, or None when it is not built or ``PICKER_NATIVE`` is ``0`` (as picker.scheduling.native)."""
+    if os.environ.get("PICKER_NATIVE", "1") == "0":
+        return None
+    try:
+        from picker.kvcache import _native
+    except ImportError:  # not built (no compiler at install): the Python walk
+        return None
+    return _native.match
+
+
+_native_match = _load_native()
+NATIVE = _native_match is not None
 
 
 @dataclass(slots=True)
@@ -139,13 +157,25 @@ class KVBlockIndex:
 
     def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
         """Longest common prefix per endpoint, weighted by tier: endpoint → Σ tier weight over the leading keys
-        it holds without a break (llm-d's ``LongestPrefix``). Endpoints holding nothing are absent."""
+        it holds without a break (llm-d's ``LongestPrefix``). Endpoints holding nothing are absent. In C when the
+        extension is built (``picker.kvcache._native``; ``match_python`` is its twin)."""
         if not keys:
             return {}
         slot_of = self._slot_of
         wanted = {s: e for e in endpoints if (s := slot_of.get(e)) is not None}
         if not wanted:
             return {}
+        if _native_match is not None:
+            return _native_match(keys, self._holders, wanted, self._weight)
+        return self._match(keys, wanted)
+
+    def match_python(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
+        """``match`` in Python (what defines its result; the tests compare the two)."""
+        slot_of = self._slot_of
+        wanted = {s: e for e in endpoints if (s := slot_of.get(e)) is not None}
+        return self._match(keys, wanted) if keys and wanted else {}
+
+    def _match(self, keys: Sequence[int], wanted: dict[int, str]) -> dict[str, float]:
         holders_of = self._holders
         weight = self._weight
         first = holders_of.get(keys[0])

@@ -91,8 +91,11 @@ def test_picker_runs_from_the_image(container: str) -> None:
     found = run_in(container, "python", "-c", "import picker.app, opentelemetry.sdk, kubernetes_asyncio; print('ok')")
     assert found.stdout.strip() == "ok", found.stderr
     # The C extension was compiled in the builder stage and is what the image runs.
-    native = run_in(container, "python", "-c", "from picker.scheduling import native; print(native.NATIVE)")
-    assert native.stdout.strip() == "True", native.stderr
+    native = run_in(
+        container, "python", "-c", "from picker.scheduling import native; from picker.kvcache import index; "
+        "print(native.NATIVE, index.NATIVE)"
+    )  # fmt: skip
+    assert native.stdout.strip() == "True True", native.stderr
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,87 @@
+"""The C walk of ``KVBlockIndex.match`` (``picker.kvcache._native``) against its Python twin on random indexes:
+the same endpoints, the same floats."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from picker.kvcache import index as index_module
+from picker.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from picker.kvcache.index import KVBlockIndex
+
+# scripts/install.sh builds the extension (setup.py, gcc); a machine where it did not build fails here rather than
+# skipping, as tests/scheduling/plugins/test_native.py does.
+try:
+    from picker.kvcache import _native
+except ImportError as exc:  # pragma: no cover - an install problem, not a test outcome
+    raise ImportError("picker.kvcache._native is not built: run scripts/install.sh with a C compiler") from exc
+
+BS = 4
+
+
+def random_index(rng: random.Random, tier_weights: dict[str, float]) -> tuple[KVBlockIndex, list[list[int]]]:
+    idx = KVBlockIndex(tier_weights=tier_weights, max_blocks=rng.choice([50, 10_000]))
+    chains = [[rng.randrange(1000) for _ in range(BS * rng.randint(1, 12))] for _ in range(6)]
+    endpoints = [f"10.0.0.{i}:8000" for i in range(rng.randint(1, 20))]
+    tiers = list(tier_weights)
+    engine_hash = iter(range(1, 10**9))
+    for _ in range(rng.randint(1, 60)):
+        endpoint = rng.choice(endpoints)
+        chain = rng.choice(chains)
+        blocks = rng.randint(1, len(chain) // BS)
+        hashes = [next(engine_hash) for _ in range(blocks)]
+        events: list[Event] = [BlockStored(tuple(hashes), None, chain[: blocks * BS], BS, None, rng.choice(tiers))]
+        if rng.random() < 0.3:  # a tier added without tokens (offload), or a tier or the whole set removed
+            events.append(BlockStored(tuple(hashes[: rng.randint(1, blocks)]), None, [], BS, None, rng.choice(tiers)))
+        if rng.random() < 0.3:
+            events.append(BlockRemoved(tuple(rng.sample(hashes, rng.randint(1, blocks))), rng.choice(tiers)))
+        if rng.random() < 0.03:
+            events.append(AllBlocksCleared())
+        idx.apply(endpoint, "m", events)
+        if rng.random() < 0.2:
+            keys = idx.request_keys(rng.choice(chains), BS, "m")
+            idx.speculate(rng.choice(endpoints), keys[: rng.randint(1, len(keys))], expires_at=rng.random())
+    if rng.random() < 0.3:
+        idx.expire(0.5)
+    return idx, chains
+
+
+@pytest.mark.parametrize("tier_weights", [{"gpu": 1.0, "cpu": 0.8}, {"gpu": 1.0, "cpu": 0.0, "disk": 0.3}])
+def test_the_c_walk_matches_the_python_walk(tier_weights: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_module, "_native_match", _native.match)  # even under PICKER_NATIVE=0
+    rng = random.Random(13)
+    compared = nonempty = 0
+    for _ in range(150):
+        idx, chains = random_index(rng, tier_weights)
+        known = idx.endpoints()
+        for _ in range(20):
+            chain = list(rng.choice(chains))
+            if rng.random() < 0.3:  # diverge somewhere: the walk must stop there
+                chain[rng.randrange(len(chain))] += 1
+            keys = idx.request_keys(chain, BS, "m")
+            wanted = rng.sample(known, rng.randint(0, len(known))) + ["10.9.9.9:8000"] * rng.randint(0, 1)
+            got, want = idx.match(keys, wanted), idx.match_python(keys, wanted)
+            assert got == want, (keys, wanted)
+            assert list(map(type, got.values())) == [float] * len(got)
+            compared += 1
+            nonempty += bool(want)
+    assert nonempty > compared // 4  # the cases exercise real runs, not only empty answers
+
+
+def test_the_index_uses_the_c_walk_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (index_module._native_match is _native.match) == index_module.NATIVE
+    monkeypatch.setenv("PICKER_NATIVE", "0")
+    assert index_module._load_native() is None
+    monkeypatch.setenv("PICKER_NATIVE", "1")
+    assert index_module._load_native() is _native.match
+
+
+def test_bad_arguments_raise_instead_of_crashing() -> None:
+    with pytest.raises(ValueError, match="16 entries"):
+        _native.match([1], {}, {}, [1.0])
+    with pytest.raises(TypeError, match="int or a dict"):
+        _native.match([1], {1: "x"}, {0: "a"}, [1.0] * 16)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="small non-negative"):
+        _native.match([1], {}, {-1: "a"}, [1.0] * 16)
