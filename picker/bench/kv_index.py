@@ -10,7 +10,9 @@ validation, request keys from token ids, index updates) in one thread. The event
 steady state: every stored block is later removed; ``--blocks-per-event`` blocks per ``BlockStored`` (1: one
 decode step's block, the worst case per event). Reported: events/s and blocks/s of CPU time and wall time.
 
-Also the lookup a scheduling cycle does: the longest-prefix match of a 4 000-token prompt over the endpoints.
+Also the lookup a scheduling cycle does: the longest-prefix match of a 4 000-token prompt over 1, 4, 16 and
+``--endpoints`` servers holding growing shares of it, with the C walk (``picker.kvcache._native``, when built) and
+the Python one. ``--lookup-only`` skips memory and ingest.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from collections.abc import Sequence
 import msgpack
 
 from picker.kvcache.events import BlockStored
-from picker.kvcache.index import KVBlockIndex
+from picker.kvcache.index import NATIVE, KVBlockIndex
 from picker.kvcache.ingest import Ingestor
 from picker.kvcache.keys import block_keys, root_key
 
-__all__ = ["configure", "ingest_rate", "memory", "run"]
+__all__ = ["configure", "ingest_rate", "lookup_us", "memory", "run"]
 
 BLOCK = 16
 MODEL = "bench-model"
@@ -44,6 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=16, help="events per message (vLLM sim default 16)")
     parser.add_argument("--blocks-per-event", type=int, default=1, help="blocks per BlockStored (default 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lookup-only", action="store_true", help="only the lookup times")
 
 
 def _endpoint(i: int) -> str:
@@ -144,7 +147,8 @@ def ingest_rate(events: int, batch: int, per_event: int, endpoints: int, seed: i
     }
 
 
-def lookup_us(endpoints: int, prompt_tokens: int = 4000, rounds: int = 2000) -> float:
+def lookup_us(endpoints: int, prompt_tokens: int = 4000, rounds: int = 2000, *, python: bool = False) -> float:
+    """µs per longest-prefix match; ``python``: the Python walk even when the C one is built."""
     rng = random.Random(1)
     index = KVBlockIndex()
     tokens = [rng.randrange(50_000) for _ in range(prompt_tokens)]
@@ -154,13 +158,26 @@ def lookup_us(endpoints: int, prompt_tokens: int = 4000, rounds: int = 2000) -> 
         upto = n * (i + 1) // endpoints
         index.apply(ep, MODEL, [_stored(tuple(rng.getrandbits(63) for _ in range(upto)), None, tokens[: upto * BLOCK])])
     keys = block_keys(tokens, BLOCK, root_key(MODEL))
+    match = index.match_python if python else index.match
     t0 = time.perf_counter()
     for _ in range(rounds):
-        index.match(keys, eps)
+        match(keys, eps)
     return (time.perf_counter() - t0) / rounds * 1e6
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.lookup_only:
+        _memory_and_ingest(args)
+    walk = "C" if NATIVE else "Python (the C walk is not built or PICKER_NATIVE=0)"
+    print(f"kv-index: longest-prefix match of a {4000}-token prompt ({4000 // BLOCK} blocks), {walk} vs Python walk")
+    print(f"{'servers':>9}{'match µs':>10}{'Python µs':>11}{'ratio':>8}")
+    for count in sorted({1, 4, 16, args.endpoints}):
+        fast, slow = lookup_us(count), lookup_us(count, python=True)
+        print(f"{count:>9}{fast:>10.1f}{slow:>11.1f}{slow / fast:>7.1f}x")
+    return 0
+
+
+def _memory_and_ingest(args: argparse.Namespace) -> None:
     print(f"kv-index: memory of {args.blocks:,} blocks over {args.endpoints} endpoints ...", flush=True)
     mem = memory(args.blocks, args.endpoints, args.chain, args.shared, args.seed)
     print(
@@ -177,6 +194,3 @@ def run(args: argparse.Namespace) -> int:
         f"{rate['blocks_per_s_cpu']:,.0f} blocks/s; unknown parents {rate['unknown_parent']:.0f}",
         flush=True,
     )
-    us = lookup_us(args.endpoints)
-    print(f"kv-index: longest-prefix match of a 4000-token prompt over {args.endpoints} endpoints: {us:.1f} µs")
-    return 0
