@@ -36,7 +36,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from picker.endpoints.freshness import REFUSED, Change, FreshnessTracker, Transition
@@ -105,6 +105,8 @@ class _Poller:
         self._client = client
         self._own_requests = own_requests
         self._share = share
+        if share is not None:
+            share.subscribe(self._received)
         self._tracker = FreshnessTracker.from_settings(settings, clock)
         self._urls: dict[str, str] = {}  # tracked endpoint key -> metrics URL
         self._inflight: dict[str, asyncio.Task[_Outcome]] = {}
@@ -181,35 +183,38 @@ class _Poller:
             elif outcome.error is not None:
                 telemetry.SCRAPE_ERRORS.labels(key, outcome.error.reason).inc()
                 transitions += self._tracker.failure(key, outcome.error.reason, outcome.error.message)
-        if self._share is not None:
-            transitions += self._exchange(self._share, polled, updates)
+        share = self._share
+        if share is not None and share.publish is not None and polled:
+            now = self._clock()
+            share.publish([_shared(o, now) for o in polled])
         if updates:
             self._store.update_metrics(updates)
         transitions += self._tracker.check()
         self._apply(transitions)
         for key in self._urls:
+            telemetry.ENDPOINT_EXCLUDED.labels(key).set(1.0 if self._tracker.is_excluded(key) else 0.0)
+        for key in self._urls:
             age_s = self._tracker.age_s(key)
             if age_s is not None:
                 telemetry.METRICS_AGE.labels(key).set(age_s)
 
-    def _exchange(
-        self, share: ScrapeShare, polled: list[_Outcome], updates: dict[str, EndpointMetrics]
-    ) -> list[Transition]:
-        """Publish this tick's polls; apply the other workers' outcomes (adding to ``updates``) as if polled here.
-        The owner counted the poll (duration, errors), so the shared ones count nowhere here."""
+    def _received(self, scrapes: Sequence[SharedScrape]) -> None:
+        """Another worker's polls, applied the moment they arrive as if polled here (not at this poller's next
+        tick: that would age them by up to an interval). The poll was counted (duration, errors) where it was made."""
         now = self._clock()
-        if polled and share.publish is not None:
-            share.publish([_shared(o, now) for o in polled])
+        updates: dict[str, EndpointMetrics] = {}
         transitions: list[Transition] = []
-        for s in share.take():
-            if s.key not in self._urls or s.key in updates:  # left the pool, or polled here this very tick
+        for s in scrapes:
+            if s.key not in self._urls:  # not (or no longer) in this worker's pool
                 continue
             if s.metrics is not None:
                 updates[s.key] = dataclasses.replace(s.metrics, updated_at=now - s.age_s)
                 transitions += self._tracker.success(s.key)
             else:
                 transitions += self._tracker.failure(s.key, s.reason, s.message)
-        return transitions
+        if updates:
+            self._store.update_metrics(updates)
+        self._apply(transitions)
 
     def _apply(self, transitions: list[Transition]) -> None:
         excluded: dict[str, bool] = {}
@@ -230,8 +235,6 @@ class _Poller:
                 telemetry.EXCLUSION_TRANSITIONS.labels("readmitted", "recovered").inc()
         if excluded:
             self._store.set_excluded(excluded)
-        for key in self._urls:
-            telemetry.ENDPOINT_EXCLUDED.labels(key).set(1.0 if self._tracker.is_excluded(key) else 0.0)
 
     async def _poll(self, ep: Endpoint) -> _Outcome:
         assert ep.metrics_url is not None

@@ -4,8 +4,8 @@ Without sharing, each of ``--workers N`` polls every model server, so every serv
 ``/metrics`` requests as with one picker (a vLLM server renders its ~50 KB page on the event loop that streams
 tokens) and every worker spends the parse CPU of the whole pool. With a ``ScrapeShare`` worker ``index`` polls the
 servers whose key hashes to it (``owns``), and the pod's peer exchange carries every outcome, a page's metrics or
-a failure, to the other workers, whose pollers apply it as if they had polled (``picker.scrape.poller``): the
-same metrics, the same freshness and exclusion decisions, one poll per server.
+a failure, to the other workers, whose pollers apply it the moment it arrives, as if they had polled
+(``picker.scrape.poller``): the same metrics, the same freshness and exclusion decisions, one poll per server.
 
 A worker polls a server it does not own too when it has heard nothing about it for ``takeover_s`` (from when
 it first saw the server): the owner died and is being restarted, or cannot reach its peers. It stops again as
@@ -18,7 +18,7 @@ clock, so they read at most one exchange flush (5 ms between workers) younger th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -26,8 +26,6 @@ import xxhash
 from picker.endpoints.model import EndpointMetrics
 
 __all__ = ["ScrapeShare", "SharedScrape"]
-
-_MAX_INBOX = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +40,7 @@ class SharedScrape:
 
 
 class ScrapeShare:
-    """Which servers this worker polls, and the outcomes the other workers told it since the last ``take``."""
+    """Which servers this worker polls; hands the other workers' outcomes to this worker's poller."""
 
     def __init__(self, index: int, count: int, *, takeover_s: float) -> None:
         if not 0 <= index < count:
@@ -54,7 +52,7 @@ class ScrapeShare:
         self.takeover_s = takeover_s
         # Set by the wiring (app.py): hands this worker's outcomes to the exchange.
         self.publish: Callable[[list[SharedScrape]], None] | None = None
-        self._inbox: list[SharedScrape] = []
+        self._listener: Callable[[Sequence[SharedScrape]], None] | None = None
         self._heard: dict[str, float] = {}  # server -> when an outcome about it last arrived (or first seen)
         self._owned: dict[str, bool] = {}
 
@@ -71,19 +69,16 @@ class ScrapeShare:
         heard = self._heard.setdefault(key, now)  # first seen: the owner gets takeover_s to speak
         return now - heard >= self.takeover_s
 
-    def receive(self, scrapes: Iterable[SharedScrape], now: float) -> None:
+    def subscribe(self, listener: Callable[[Sequence[SharedScrape]], None]) -> None:
+        """The poller: told the other workers' outcomes as they arrive."""
+        self._listener = listener
+
+    def receive(self, scrapes: Sequence[SharedScrape], now: float) -> None:
         """Another worker's outcomes (the exchange calls this)."""
         for s in scrapes:
-            self._inbox.append(s)
             self._heard[s.key] = now
-        excess = len(self._inbox) - _MAX_INBOX
-        if excess > 0:  # nobody takes them (the poller is not running): keep the newest
-            del self._inbox[:excess]
-
-    def take(self) -> list[SharedScrape]:
-        """The outcomes received since the last call, oldest first."""
-        inbox, self._inbox = self._inbox, []
-        return inbox
+        if self._listener is not None:
+            self._listener(scrapes)
 
     def forget(self, key: str) -> None:
         """The server left the pool."""

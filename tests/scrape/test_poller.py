@@ -465,3 +465,15 @@ async def test_a_dead_workers_servers_are_polled_by_the_other_until_it_is_back(b
             assert not any(share_b.due(e.key, time.monotonic()) for e in eps if share_a.owns(e.key))
     # a new poller (a2) polls each at 50 Hz; were b still polling too, each would see about twice that
     assert all(polled[n] <= 0.4 / FAST.interval_s * 1.5 for n in a_owns), polled
+
+
+async def test_the_other_workers_outcomes_apply_when_they_arrive_not_at_the_next_tick(backend: Backend) -> None:
+    eps = [ep(i, backend.url(f"t{i}")) for i in range(6)]
+    (share_a, share_b), (store_a, store_b) = workers_pair(), stores(eps)
+    from_a = [e for e in eps if share_a.owns(e.key)]
+    assert from_a
+    slow = dataclasses.replace(FAST, interval_s=5.0, staleness_s=30.0)  # b's own tick: every 5 s
+    async with polling(store_a, share=share_a), polling(store_b, slow, share=share_b):
+        await until(lambda: all(get(store_b, e).metrics.updated_at > 0 for e in from_a))
+        backend.pages[f"t{eps.index(from_a[0])}"] = vllm_page(waiting=31)
+        await until(lambda: get(store_b, from_a[0]).metrics.waiting == 31, timeout_s=2.0)

@@ -37,15 +37,17 @@ def test_a_server_nobody_reports_on_is_taken_over_and_given_back() -> None:
     assert share.due(other, 11.0)
 
 
-def test_received_outcomes_are_taken_once_in_order_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_received_outcomes_go_to_the_subscriber_as_they_arrive() -> None:
     share = ScrapeShare(0, 2, takeover_s=1.0)
-    first, second = SharedScrape("a", 0.0, None, "timeout", "t"), SharedScrape("b", 0.1, EndpointMetrics())
-    share.receive([first, second], 0.0)
-    assert share.take() == [first, second]
-    assert share.take() == []
-    monkeypatch.setattr("picker.scrape.share._MAX_INBOX", 3)
-    share.receive([SharedScrape(str(i), 0.0, EndpointMetrics()) for i in range(5)], 0.0)
-    assert [s.key for s in share.take()] == ["2", "3", "4"]
+    a, b = [k for k in KEYS if not share.owns(k)][:2]
+    first, second = SharedScrape(a, 0.0, None, "timeout", "t"), SharedScrape(b, 0.1, EndpointMetrics())
+    share.receive([first], 0.0)  # nobody listens yet: only the silence clock is reset
+    got: list[list[SharedScrape]] = []
+    share.subscribe(lambda scrapes: got.append(list(scrapes)))
+    share.receive([first, second], 0.5)
+    assert got == [[first, second]]
+    assert not share.due(a, 1.4)  # heard at 0.5
+    assert share.due(a, 1.5)
 
 
 @pytest.mark.parametrize(
