@@ -7,9 +7,10 @@ servers whose key hashes to it (``owns``), and the pod's peer exchange carries e
 a failure, to the other workers, whose pollers apply it the moment it arrives, as if they had polled
 (``picker.scrape.poller``): the same metrics, the same freshness and exclusion decisions, one poll per server.
 
-A worker polls a server it does not own too when it has heard nothing about it for ``takeover_s`` (from when
-it first saw the server): the owner died and is being restarted, or cannot reach its peers. It stops again as
-soon as the owner's outcomes arrive. Only a pod's own workers share scrapes: replicas in other pods keep their
+A worker polls a server it does not own too until it first hears about it (at start, before the links between
+the workers are up; when a server joins the pool), and when it has heard nothing about it for ``takeover_s``:
+the owner died and is being restarted, or cannot reach its peers. It stops again as soon as the owner's outcomes
+arrive. Only a pod's own workers share scrapes: replicas in other pods keep their
 own view of the servers, so one replica's network trouble is not every replica's.
 
 ``SharedScrape.age_s`` is the page's age when the owner published it; the receiver dates the metrics from its own
@@ -53,7 +54,7 @@ class ScrapeShare:
         # Set by the wiring (app.py): hands this worker's outcomes to the exchange.
         self.publish: Callable[[list[SharedScrape]], None] | None = None
         self._listener: Callable[[Sequence[SharedScrape]], None] | None = None
-        self._heard: dict[str, float] = {}  # server -> when an outcome about it last arrived (or first seen)
+        self._heard: dict[str, float] = {}  # server -> when an outcome about it last arrived
         self._owned: dict[str, bool] = {}
 
     def owns(self, key: str) -> bool:
@@ -63,11 +64,13 @@ class ScrapeShare:
         return owned
 
     def due(self, key: str, now: float) -> bool:
-        """Whether this worker should poll ``key`` itself: it owns it, or nobody told it about it lately."""
+        """Whether this worker should poll ``key`` itself: it owns it, or nobody told it about it lately. A server
+        nobody has told it about yet is polled here too (at start, before the workers' links are up, and when a
+        server joins): a worker never schedules on a server it has no metrics of while its owner is silent."""
         if self.owns(key):
             return True
-        heard = self._heard.setdefault(key, now)  # first seen: the owner gets takeover_s to speak
-        return now - heard >= self.takeover_s
+        heard = self._heard.get(key)
+        return heard is None or now - heard >= self.takeover_s
 
     def subscribe(self, listener: Callable[[Sequence[SharedScrape]], None]) -> None:
         """The poller: told the other workers' outcomes as they arrive."""

@@ -411,9 +411,12 @@ async def test_two_workers_poll_each_server_once_and_both_see_every_server(backe
     assert 0 < len(owned_by_a) < len(eps)
     async with polling(store_a, share=share_a), polling(store_b, share=share_b):
         await until(lambda: min(backend.hits[n, "ok"] for n in names) >= 5)
+        backend.peers.clear()  # from now on: which connections poll each server
         backend.pages["w3"] = vllm_page(waiting=42)
         await until(lambda: get(store_a, eps[3]).metrics.waiting == 42 and get(store_b, eps[3]).metrics.waiting == 42)
-    # one TCP connection per server: only its owner polled it (unshared, each server sees one from each poller)
+        await until(lambda: min(len(backend.peers.get(n, ())) for n in names) >= 1)
+        await asyncio.sleep(0.2)
+    # one TCP connection per server: only its owner polls it (unshared, each server sees one from each poller)
     assert all(len(backend.peers[n]) == 1 for n in names), backend.peers
     now = time.monotonic()
     for store in (store_a, store_b):
@@ -449,10 +452,11 @@ async def test_a_dead_workers_servers_are_polled_by_the_other_until_it_is_back(b
         async with polling(store_a, share=share_a):
             await until(lambda: all(backend.hits[n, "ok"] >= 3 for n in names))
         # worker a is gone: b has heard nothing about a's servers for takeover_s, and polls them itself
+        backend.peers.clear()
         backend.pages[a_owns[0]] = vllm_page(waiting=77)
         target = eps[names.index(a_owns[0])]
         await until(lambda: get(store_b, target).metrics.waiting == 77)
-        assert all(len(backend.peers[n]) == 2 for n in a_owns)  # a's connection, then b's
+        assert all(len(backend.peers[n]) == 1 for n in a_owns)  # b's connection
         assert not any(e.excluded for e in store_b.current())
         # a is back (a new process, same index): once b hears from it again, b stops polling a's servers
         share_a2 = ScrapeShare(0, 2, takeover_s=0.3)

@@ -21,20 +21,21 @@ def test_every_server_has_exactly_one_owner_and_the_shares_are_even() -> None:
     assert [again.owns(k) for k in KEYS] == [shares[1].owns(k) for k in KEYS]
 
 
-def test_a_server_nobody_reports_on_is_taken_over_and_given_back() -> None:
+def test_a_server_nobody_reports_on_is_polled_here_until_its_owner_speaks() -> None:
     share = ScrapeShare(0, 2, takeover_s=1.0)
     other = next(k for k in KEYS if not share.owns(k))
     mine = next(k for k in KEYS if share.owns(k))
     assert share.due(mine, 0.0)
-    assert not share.due(other, 0.0)  # first seen: its owner has takeover_s to report
-    assert not share.due(other, 0.9)
-    assert share.due(other, 1.0)  # silence: poll it here
-    share.receive([SharedScrape(other, 0.0, EndpointMetrics(waiting=1))], 1.5)
-    assert not share.due(other, 1.6)  # the owner is back
-    assert share.due(other, 2.5)
-    share.forget(other)  # it left the pool; if it comes back, its owner gets a fresh grace
-    assert not share.due(other, 10.0)
-    assert share.due(other, 11.0)
+    assert share.due(other, 0.0)  # never heard of: polled here (at start the links may not be up yet)
+    share.receive([SharedScrape(other, 0.0, EndpointMetrics(waiting=1))], 0.5)
+    assert not share.due(other, 0.6)  # its owner speaks
+    assert not share.due(other, 1.4)
+    assert share.due(other, 1.5)  # silent for takeover_s: polled here again
+    share.receive([SharedScrape(other, 0.0, EndpointMetrics())], 2.0)
+    assert not share.due(other, 2.1)  # the owner is back
+    share.forget(other)  # it left the pool; if it comes back, it is polled here until its owner speaks
+    assert share.due(other, 2.2)
+    assert share.due(mine, 2.2)
 
 
 def test_received_outcomes_go_to_the_subscriber_as_they_arrive() -> None:
