@@ -10,8 +10,8 @@ a failure, to the other workers, whose pollers apply it the moment it arrives, a
 A worker polls a server it does not own too until it first hears about it (at start, before the links between
 the workers are up; when a server joins the pool), and when it has heard nothing about it for ``takeover_s``:
 the owner died and is being restarted, or cannot reach its peers. It stops again as soon as the owner's outcomes
-arrive. Only a pod's own workers share scrapes: replicas in other pods keep their
-own view of the servers, so one replica's network trouble is not every replica's.
+arrive. Only a pod's own workers share scrapes: replicas in other pods keep their own view of the servers, so one
+replica's network trouble is not every replica's.
 
 ``SharedScrape.age_s`` is the page's age when the owner published it; the receiver dates the metrics from its own
 clock, so they read at most one exchange flush (5 ms between workers) younger than they are.
@@ -27,6 +27,8 @@ import xxhash
 from picker.endpoints.model import EndpointMetrics
 
 __all__ = ["ScrapeShare", "SharedScrape"]
+
+_MAX_HEARD = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,7 @@ class ScrapeShare:
     def due(self, key: str, now: float) -> bool:
         """Whether this worker should poll ``key`` itself: it owns it, or nobody told it about it lately. A server
         nobody has told it about yet is polled here too (at start, before the workers' links are up, and when a
-        server joins): a worker never schedules on a server it has no metrics of while its owner is silent."""
+        server joins), so a worker has its metrics as soon as it would have polling alone."""
         if self.owns(key):
             return True
         heard = self._heard.get(key)
@@ -78,8 +80,11 @@ class ScrapeShare:
 
     def receive(self, scrapes: Sequence[SharedScrape], now: float) -> None:
         """Another worker's outcomes (the exchange calls this)."""
+        heard = self._heard
         for s in scrapes:
-            self._heard[s.key] = now
+            heard[s.key] = now
+        while len(heard) > _MAX_HEARD:  # servers of other workers' pools only: forgetting one costs one poll here
+            del heard[next(iter(heard))]
         if self._listener is not None:
             self._listener(scrapes)
 

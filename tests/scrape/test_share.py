@@ -58,3 +58,12 @@ def test_received_outcomes_go_to_the_subscriber_as_they_arrive() -> None:
 def test_bad_shares_are_refused(index: int, count: int, takeover_s: float, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         ScrapeShare(index, count, takeover_s=takeover_s)
+
+
+def test_the_memory_of_what_was_heard_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("picker.scrape.share._MAX_HEARD", 3)
+    share = ScrapeShare(0, 2, takeover_s=1.0)
+    others = [k for k in KEYS if not share.owns(k)][:5]
+    share.receive([SharedScrape(k, 0.0, EndpointMetrics()) for k in others], 0.0)
+    # the oldest two are forgotten: polled here (until heard of again), the newest three are not
+    assert [share.due(k, 0.1) for k in others] == [True, True, False, False, False]
