@@ -24,7 +24,6 @@ on arrival.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import random
@@ -45,8 +44,9 @@ __all__ = ["Exchange", "ExchangeSettings", "ExchangeStats", "prefix_scorers"]
 log = logging.getLogger(__name__)
 
 _SPLIT_BYTES = wire.MAX_BATCH_BYTES // 2  # placements per batch before a flush splits (strings and loads fit)
-# Shared scrapes per batch: each costs at most ~2 strings of 256 bytes plus its LoRA names' references, so a batch
-# of 256 stays within the byte and string limits unless servers run hundreds of adapters each (then it splits).
+# Shared scrapes per batch of their own: each costs at most ~2 strings of 256 bytes plus its LoRA names'
+# references, so 256 stay within the byte and string limits unless servers run many distinct adapters each (then
+# a batch halves until it fits).
 _SCRAPES_PER_BATCH = 256
 _MAX_PENDING_SCRAPES = 16_384
 
@@ -93,14 +93,6 @@ class _Link:
     seq: int = 0
     last_sent_s: float = float("-inf")
     last_full_s: float = float("-inf")
-
-
-def _fits(scrape: SharedScrape) -> bool:
-    try:
-        wire.encode(wire.Batch(0, 0, False, scrapes=(scrape,)))
-    except wire.WireError:
-        return False
-    return True
 
 
 def prefix_scorers(plugins: Mapping[str, object]) -> dict[str, PrefixCacheScorer]:
@@ -234,7 +226,8 @@ class Exchange:
         places = self._fresh(link, pending, now)
         if not places and not scrapes and not loads and not full and now - link.last_sent_s < settings.heartbeat_s:
             return []
-        chunks: list[list[wire.Placement]] = [[]]
+        # The loads (and a heartbeat) ride in the first placements batch; scrapes alone need no such batch.
+        chunks: list[list[wire.Placement]] = [] if scrapes and not (places or loads or full) else [[]]
         size = 0
         for p in places:
             cost = 10 + 8 * len(p.hashes)
@@ -243,34 +236,15 @@ class Exchange:
                 size = 0
             chunks[-1].append(p)
             size += cost
-        shared = [tuple(scrapes[i : i + _SCRAPES_PER_BATCH]) for i in range(0, len(scrapes), _SCRAPES_PER_BATCH)]
         out = []
-        for i in range(max(len(chunks), len(shared))):
+        for i, chunk in enumerate(chunks):
             link.seq += 1
-            batch = wire.Batch(
-                self.incarnation,
-                link.seq,
-                full and i == 0,
-                loads if i == 0 else {},
-                tuple(chunks[i]) if i < len(chunks) else (),
-                shared[i] if i < len(shared) else (),
-            )
-            try:
-                data = wire.encode(batch)
-            except wire.WireError as exc:
-                if not batch.scrapes:
-                    raise
-                # An outcome over the wire's limits (a LoRA name over 256 bytes, hundreds of adapters): the batch
-                # goes without it, and the peers, hearing nothing of that server, poll it themselves.
-                fitting = tuple(s for s in batch.scrapes if _fits(s))
-                log.debug("shared scrapes dropped: %s", exc)
-                self.stats.scrapes_dropped += len(batch.scrapes) - len(fitting)
-                batch = dataclasses.replace(batch, scrapes=fitting)
-                data = wire.encode(batch)
-            self.stats.scrapes_sent += len(batch.scrapes)
-            out.append(data)
-            self.stats.batches_sent += 1
-            self.stats.bytes_sent += len(data)
+            batch = wire.Batch(self.incarnation, link.seq, full and i == 0, loads if i == 0 else {}, tuple(chunk))
+            out.append(wire.encode(batch))
+        for start in range(0, len(scrapes), _SCRAPES_PER_BATCH):  # in batches of their own
+            out += self._scrape_batches(link, tuple(scrapes[start : start + _SCRAPES_PER_BATCH]))
+        self.stats.batches_sent += len(out)
+        self.stats.bytes_sent += sum(len(data) for data in out)
         if full:
             link.loads = loads
         else:
@@ -283,6 +257,23 @@ class Exchange:
         if full:
             link.last_full_s = now
         return out
+
+    def _scrape_batches(self, link: _Link, scrapes: tuple[SharedScrape, ...]) -> list[bytes]:
+        """``scrapes`` in as many batches as the wire's limits need (halving); an outcome that fits no batch (a
+        LoRA name over 256 bytes, hundreds of adapters) is dropped, and the peers, hearing nothing of that server,
+        poll it themselves."""
+        try:
+            data = wire.encode(wire.Batch(self.incarnation, link.seq + 1, False, scrapes=scrapes))
+        except wire.WireError as exc:
+            if len(scrapes) == 1:
+                log.debug("shared scrape of %s dropped: %s", scrapes[0].key, exc)
+                self.stats.scrapes_dropped += 1
+                return []
+            half = len(scrapes) // 2
+            return self._scrape_batches(link, scrapes[:half]) + self._scrape_batches(link, scrapes[half:])
+        link.seq += 1
+        self.stats.scrapes_sent += len(scrapes)
+        return [data]
 
     def _fresh(self, link: _Link, pending: list[wire.Placement], now: float) -> list[wire.Placement]:
         """The pending placements cut to the (server, block) pairs not sent to this link within refresh_s."""

@@ -239,8 +239,9 @@ def test_shared_scrapes_go_once_to_every_peer_and_reach_the_receiver(clock: Fake
         SharedScrape("192.168.1.1:8000", 0.01, EndpointMetrics(waiting=4, running=2, kv_usage=0.5)),
         SharedScrape("192.168.1.2:8000", 0.0, None, "refused", "ConnectionRefusedError"),
     ]
-    a.exchange.publish_scrapes(outcomes)
+    a.exchange.flush(clock())  # the first batches to new peers: the loads in full
     clock.advance(0.001)  # not a heartbeat yet: the scrapes alone make the batch
+    a.exchange.publish_scrapes(outcomes)
     [to_b] = deliver(a, b, "b", clock())
     assert got == [(tuple(outcomes), clock())]
     assert to_b.scrapes == tuple(outcomes)
@@ -283,7 +284,7 @@ def test_scrapes_are_not_queued_without_peers_and_are_bounded(
     assert [s.key for s in wire.decode(data).scrapes] == ["3", "4"]
 
 
-def test_an_outcome_over_the_wire_limits_is_dropped_not_the_batch(clock: FakeClock) -> None:
+def test_an_outcome_over_the_wire_limits_is_dropped_alone(clock: FakeClock) -> None:
     """The peers hear nothing of that server then, and poll it themselves (picker.scrape.share's takeover)."""
     a, b = pair(clock)
     got: list[SharedScrape] = []
@@ -292,7 +293,25 @@ def test_an_outcome_over_the_wire_limits_is_dropped_not_the_batch(clock: FakeClo
     huge = EndpointMetrics(running_loras=frozenset({"x" * (wire.MAX_STRING_BYTES + 1)}))
     fine = SharedScrape("192.168.1.3:8000", 0.0, EndpointMetrics(waiting=2))
     a.exchange.publish_scrapes([SharedScrape("192.168.1.1:8000", 0.0, huge), fine])
-    [batch] = deliver(a, b, "b", clock())
-    assert batch.placements  # the rest of the batch arrived
+    batches = deliver(a, b, "b", clock())
+    assert any(batch.placements for batch in batches)  # the rest arrived
     assert got == [fine]
     assert (a.exchange.stats.scrapes_dropped, a.exchange.stats.scrapes_sent) == (1, 1)
+
+
+def test_scrapes_whose_strings_overflow_one_batch_are_split_until_they_fit(clock: FakeClock) -> None:
+    a, b = pair(clock)
+    got: list[SharedScrape] = []
+    b.exchange.on_scrapes = lambda scrapes, now: got.extend(scrapes)
+    # 256 servers with 40 adapters of their own each: 10,240 distinct strings, over a batch's 4,096
+    outcomes = [
+        SharedScrape(f"10.0.{i}.1:8000", 0.0, EndpointMetrics(running_loras=frozenset(f"s{i}-a{j}" for j in range(40))))
+        for i in range(256)
+    ]
+    a.exchange.publish_scrapes(outcomes)
+    batches = deliver(a, b, "b", clock())
+    assert len(batches) >= 3
+    assert [batch.seq for batch in batches] == list(range(batches[0].seq, batches[0].seq + len(batches)))  # no gaps
+    assert got == outcomes
+    assert (a.exchange.stats.scrapes_sent, a.exchange.stats.scrapes_dropped) == (256, 0)
+    assert b.exchange.stats.batches_lost == 0
