@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -179,3 +180,20 @@ async def test_a_port_in_use_is_a_config_error() -> None:
 def test_a_missing_cert_path_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(errors.ConfigError, match="cert-path"):
         tls.load_pair(str(tmp_path))
+
+
+async def test_serve_freezes_the_start_up_heap_out_of_the_collectors_reach() -> None:
+    """Full collections walked every object start-up made (~50 ms each under load): ``serve`` freezes them."""
+    assert gc.get_freeze_count() == 0
+    task = asyncio.create_task(app.serve(base_settings(grace_period_s=0.0)))
+    try:
+        async with asyncio.timeout(20):
+            while gc.get_freeze_count() == 0:
+                assert not task.done(), task
+                await asyncio.sleep(0.05)
+        assert gc.get_freeze_count() > 10_000  # the modules, the configuration, the servers
+        os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: a clean stop
+        assert await asyncio.wait_for(task, 20) == 0
+    finally:
+        task.cancel()
+        gc.unfreeze()  # this test process goes on to other tests
