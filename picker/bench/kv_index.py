@@ -35,6 +35,7 @@ __all__ = ["configure", "ingest_rate", "lookup_us", "memory", "run"]
 
 BLOCK = 16
 MODEL = "bench-model"
+PROMPT_TOKENS = 4000  # the lookup's prompt
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +148,7 @@ def ingest_rate(events: int, batch: int, per_event: int, endpoints: int, seed: i
     }
 
 
-def lookup_us(endpoints: int, prompt_tokens: int = 4000, rounds: int = 2000, *, python: bool = False) -> float:
+def lookup_us(endpoints: int, prompt_tokens: int = PROMPT_TOKENS, rounds: int = 2000, *, python: bool = False) -> float:
     """µs per longest-prefix match; ``python``: the Python walk even when the C one is built."""
     rng = random.Random(1)
     index = KVBlockIndex()
@@ -169,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.lookup_only:
         _memory_and_ingest(args)
     walk = "C" if NATIVE else "Python (the C walk is not built or PICKER_NATIVE=0)"
-    print(f"kv-index: longest-prefix match of a {4000}-token prompt ({4000 // BLOCK} blocks), {walk} vs Python walk")
+    blocks = PROMPT_TOKENS // BLOCK
+    print(f"kv-index: longest-prefix match of a {PROMPT_TOKENS}-token prompt ({blocks} blocks), {walk} vs Python walk")
     print(f"{'servers':>9}{'match µs':>10}{'Python µs':>11}{'ratio':>8}")
     for count in sorted({1, 4, 16, args.endpoints}):
         fast, slow = lookup_us(count), lookup_us(count, python=True)
