@@ -16,6 +16,7 @@
 #define MASK 15
 
 typedef struct {
+    long slot;
     PyObject *slot_obj; /* the slot as a Python int (dict lookups) */
     PyObject *endpoint; /* borrowed from ``wanted`` */
     double total;
@@ -61,6 +62,7 @@ static PyObject *match(PyObject *self, PyObject *args) {
                 goto fail;
             }
             if (slot >= nslots) nslots = slot + 1;
+            runs[n].slot = slot;
             runs[n].slot_obj = slot_obj;
             runs[n].endpoint = endpoint;
             n++;
@@ -68,7 +70,7 @@ static PyObject *match(PyObject *self, PyObject *args) {
         run_of = PyMem_Malloc((nslots > 0 ? (size_t)nslots : 1) * sizeof(Py_ssize_t));
         if (run_of == NULL) goto fail;
         for (long i = 0; i < nslots; i++) run_of[i] = -1;
-        for (Py_ssize_t i = 0; i < nwanted; i++) run_of[PyLong_AsLong(runs[i].slot_obj)] = i;
+        for (Py_ssize_t i = 0; i < nwanted; i++) run_of[runs[i].slot] = i;
     }
     Py_ssize_t nkeys = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);

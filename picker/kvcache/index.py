@@ -159,10 +159,7 @@ class KVBlockIndex:
         """Longest common prefix per endpoint, weighted by tier: endpoint → Σ tier weight over the leading keys
         it holds without a break (llm-d's ``LongestPrefix``). Endpoints holding nothing are absent. In C when the
         extension is built (``picker.kvcache._native``; ``match_python`` is its twin)."""
-        if not keys:
-            return {}
-        slot_of = self._slot_of
-        wanted = {s: e for e in endpoints if (s := slot_of.get(e)) is not None}
+        wanted = self._wanted(endpoints) if keys else None
         if not wanted:
             return {}
         if _native_match is not None:
@@ -171,9 +168,13 @@ class KVBlockIndex:
 
     def match_python(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
         """``match`` in Python (what defines its result; the tests compare the two)."""
+        wanted = self._wanted(endpoints) if keys else None
+        return self._match(keys, wanted) if wanted else {}
+
+    def _wanted(self, endpoints: Iterable[str]) -> dict[int, str]:
+        """Slot → endpoint, for the endpoints the index knows."""
         slot_of = self._slot_of
-        wanted = {s: e for e in endpoints if (s := slot_of.get(e)) is not None}
-        return self._match(keys, wanted) if keys and wanted else {}
+        return {s: e for e in endpoints if (s := slot_of.get(e)) is not None}
 
     def _match(self, keys: Sequence[int], wanted: dict[int, str]) -> dict[str, float]:
         holders_of = self._holders

@@ -193,7 +193,6 @@ class _Poller:
         self._apply(transitions)
         for key in self._urls:
             telemetry.ENDPOINT_EXCLUDED.labels(key).set(1.0 if self._tracker.is_excluded(key) else 0.0)
-        for key in self._urls:
             age_s = self._tracker.age_s(key)
             if age_s is not None:
                 telemetry.METRICS_AGE.labels(key).set(age_s)
