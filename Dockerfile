@@ -38,7 +38,7 @@ COPY README.md setup.py ./
 COPY picker ./picker
 RUN pip install --no-cache-dir --no-deps . \
  && python -m compileall -q /opt/venv \
- && python -P -c "from picker.scheduling import native; from picker.kvcache import index; assert native.NATIVE and index.NATIVE, 'C extension missing'" \
+ && python -P -c "from picker.scheduling import native; from picker.kvcache import index, keys; assert native.NATIVE and index.NATIVE and keys.NATIVE, 'C extension missing'" \
  && picker --version
 
 FROM ${PYTHON_IMAGE}

@@ -10,9 +10,10 @@ validation, request keys from token ids, index updates) in one thread. The event
 steady state: every stored block is later removed; ``--blocks-per-event`` blocks per ``BlockStored`` (1: one
 decode step's block, the worst case per event). Reported: events/s and blocks/s of CPU time and wall time.
 
-Also the lookup a scheduling cycle does: the longest-prefix match of a 4 000-token prompt over 1, 4, 16 and
-``--endpoints`` servers holding growing shares of it, with the C walk (``picker.kvcache._native``, when built) and
-the Python one. ``--lookup-only`` skips memory and ingest.
+Also the lookup a scheduling cycle does: the prompt's block keys (the C chain of ``picker.kvcache._native``, when
+built, and the Python one), then the longest-prefix match of a 4 000-token prompt over 1, 4, 16 and
+``--endpoints`` servers holding growing shares of it, with the C walk and the Python one. ``--lookup-only`` skips
+memory and ingest.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from collections.abc import Sequence
 
 import msgpack
 
+from picker.kvcache import keys as keys_module
 from picker.kvcache.events import BlockStored
 from picker.kvcache.index import NATIVE, KVBlockIndex
 from picker.kvcache.ingest import Ingestor
-from picker.kvcache.keys import block_keys, root_key
+from picker.kvcache.keys import block_keys, block_keys_python, root_key
 
-__all__ = ["configure", "ingest_rate", "lookup_us", "memory", "run"]
+__all__ = ["configure", "ingest_rate", "keys_us", "lookup_us", "memory", "run"]
 
 BLOCK = 16
 MODEL = "bench-model"
@@ -148,6 +150,19 @@ def ingest_rate(events: int, batch: int, per_event: int, endpoints: int, seed: i
     }
 
 
+def keys_us(prompt_tokens: int = PROMPT_TOKENS, rounds: int = 2000, *, python: bool = False) -> float:
+    """µs to key a prompt's blocks (token ids in a list, as a tokenizer returns them); ``python``: the Python
+    chain even when the C one is built."""
+    rng = random.Random(1)
+    tokens = [rng.randrange(50_000) for _ in range(prompt_tokens)]
+    root = root_key(MODEL)
+    chain = block_keys_python if python else block_keys
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        chain(tokens, BLOCK, root)
+    return (time.perf_counter() - t0) / rounds * 1e6
+
+
 def lookup_us(endpoints: int, prompt_tokens: int = PROMPT_TOKENS, rounds: int = 2000, *, python: bool = False) -> float:
     """µs per longest-prefix match; ``python``: the Python walk even when the C one is built."""
     rng = random.Random(1)
@@ -169,8 +184,13 @@ def lookup_us(endpoints: int, prompt_tokens: int = PROMPT_TOKENS, rounds: int = 
 def run(args: argparse.Namespace) -> int:
     if not args.lookup_only:
         _memory_and_ingest(args)
-    walk = "C" if NATIVE else "Python (the C walk is not built or PICKER_NATIVE=0)"
     blocks = PROMPT_TOKENS // BLOCK
+    chain = "C" if keys_module.NATIVE else "Python (the C chain is not built or PICKER_NATIVE=0)"
+    fast, slow = keys_us(), keys_us(python=True)
+    print(f"kv-index: block keys of a {PROMPT_TOKENS}-token prompt ({blocks} blocks of {BLOCK}), {chain} vs Python")
+    print(f"{'':>9}{'keys µs':>10}{'Python µs':>11}{'ratio':>8}")
+    print(f"{'':>9}{fast:>10.1f}{slow:>11.1f}{slow / fast:>7.1f}x")
+    walk = "C" if NATIVE else "Python (the C walk is not built or PICKER_NATIVE=0)"
     print(f"kv-index: longest-prefix match of a {PROMPT_TOKENS}-token prompt ({blocks} blocks), {walk} vs Python walk")
     print(f"{'servers':>9}{'match µs':>10}{'Python µs':>11}{'ratio':>8}")
     for count in sorted({1, 4, 16, args.endpoints}):

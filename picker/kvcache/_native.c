@@ -8,9 +8,22 @@
  *   weight:     16 floats, the weight of each mask
  * Per wanted slot, the sum of the weights of the leading keys it holds without a break, added in key order as
  * the Python twin adds them (so the floats are the same); slots holding nothing are absent.
+ *
+ * block_keys(data, block_bytes, parent, count) -> list[int]
+ *   data:        a buffer of at least count * block_bytes bytes (the token ids' uint32 bytes)
+ * token_keys(tokens, block_size, parent, count) -> list[int]
+ *   tokens:      a list or tuple of at least count * block_size token ids, each hashed as a little-endian uint32
+ *                (OverflowError outside [0, 2^32), TypeError for a non-integer)
+ * Each key is XXH3-64 of one block's bytes seeded with the key before it (``parent`` for the first):
+ * picker/kvcache/keys.py's chain, which defines the result with the ``xxhash`` package's xxh3_64. XXH3 is
+ * written here from its specification (xxhash's doc/xxhash_spec.md); tests/kvcache/test_native.py checks it
+ * against the package on every block length up to 2 KiB and random seeds.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
 
 #define SLOT_SHIFT 4
 #define MASK 15
@@ -168,8 +181,273 @@ fail:
     return NULL;
 }
 
+/* ---- XXH3-64 with a seed (the specification's scalar algorithm) ---- */
+
+static const uint8_t XXH3_SECRET[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+#define P32_1 0x9E3779B1U
+#define P32_2 0x85EBCA77U
+#define P32_3 0xC2B2AE3DU
+#define P64_1 0x9E3779B185EBCA87ULL
+#define P64_2 0xC2B2AE3D27D4EB4FULL
+#define P64_3 0x165667B19E3779F9ULL
+#define P64_4 0x85EBCA77C2B2AE63ULL
+#define P64_5 0x27D4EB2F165667C5ULL
+#define PMX_1 0x165667919E3779F9ULL
+#define PMX_2 0x9FB21C651E98DF25ULL
+
+static inline uint64_t rd64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline void wr64(uint8_t *p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, 8);
+}
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t fold64(uint64_t a, uint64_t b) {
+    unsigned __int128 p = (unsigned __int128)a * b;
+    return (uint64_t)p ^ (uint64_t)(p >> 64);
+}
+
+static inline uint64_t avalanche(uint64_t h) {
+    h ^= h >> 37;
+    h *= PMX_1;
+    return h ^ (h >> 32);
+}
+
+static inline uint64_t avalanche64(uint64_t h) { /* XXH64's */
+    h ^= h >> 33;
+    h *= P64_2;
+    h ^= h >> 29;
+    h *= P64_3;
+    return h ^ (h >> 32);
+}
+
+static inline uint64_t rrmxmx(uint64_t h, uint64_t len) {
+    h ^= rotl64(h, 49) ^ rotl64(h, 24);
+    h *= PMX_2;
+    h ^= (h >> 35) + len;
+    h *= PMX_2;
+    return h ^ (h >> 28);
+}
+
+static inline uint64_t mix16(const uint8_t *in, const uint8_t *sec, uint64_t seed) {
+    return fold64(rd64(in) ^ (rd64(sec) + seed), rd64(in + 8) ^ (rd64(sec + 8) - seed));
+}
+
+static uint64_t len_0to16(const uint8_t *in, size_t len, uint64_t seed) {
+    const uint8_t *sec = XXH3_SECRET;
+    if (len > 8) {
+        uint64_t lo = rd64(in) ^ ((rd64(sec + 24) ^ rd64(sec + 32)) + seed);
+        uint64_t hi = rd64(in + len - 8) ^ ((rd64(sec + 40) ^ rd64(sec + 48)) - seed);
+        return avalanche(len + __builtin_bswap64(lo) + hi + fold64(lo, hi));
+    }
+    if (len >= 4) {
+        seed ^= (uint64_t)__builtin_bswap32((uint32_t)seed) << 32;
+        uint64_t joined = rd32(in + len - 4) + ((uint64_t)rd32(in) << 32);
+        return rrmxmx(joined ^ ((rd64(sec + 8) ^ rd64(sec + 16)) - seed), len);
+    }
+    if (len > 0) {
+        uint32_t c1 = in[0], c2 = in[len >> 1], c3 = in[len - 1];
+        uint32_t combined = (c1 << 16) | (c2 << 24) | c3 | ((uint32_t)len << 8);
+        uint64_t flip = (uint64_t)(rd32(sec) ^ rd32(sec + 4)) + seed;
+        return avalanche64((uint64_t)combined ^ flip);
+    }
+    return avalanche64(seed ^ (rd64(sec + 56) ^ rd64(sec + 64)));
+}
+
+static uint64_t len_17to128(const uint8_t *in, size_t len, uint64_t seed) {
+    const uint8_t *sec = XXH3_SECRET;
+    uint64_t acc = len * P64_1;
+    if (len > 32) {
+        if (len > 64) {
+            if (len > 96) {
+                acc += mix16(in + 48, sec + 96, seed);
+                acc += mix16(in + len - 64, sec + 112, seed);
+            }
+            acc += mix16(in + 32, sec + 64, seed);
+            acc += mix16(in + len - 48, sec + 80, seed);
+        }
+        acc += mix16(in + 16, sec + 32, seed);
+        acc += mix16(in + len - 32, sec + 48, seed);
+    }
+    acc += mix16(in, sec, seed);
+    acc += mix16(in + len - 16, sec + 16, seed);
+    return avalanche(acc);
+}
+
+static uint64_t len_129to240(const uint8_t *in, size_t len, uint64_t seed) {
+    const uint8_t *sec = XXH3_SECRET;
+    uint64_t acc = len * P64_1;
+    size_t rounds = len / 16;
+    for (size_t i = 0; i < 8; i++) acc += mix16(in + 16 * i, sec + 16 * i, seed);
+    uint64_t acc_end = mix16(in + len - 16, sec + 136 - 17, seed);
+    acc = avalanche(acc);
+    for (size_t i = 8; i < rounds; i++) acc_end += mix16(in + 16 * i, sec + 16 * (i - 8) + 3, seed);
+    return avalanche(acc + acc_end);
+}
+
+static inline void accumulate_512(uint64_t *acc, const uint8_t *in, const uint8_t *sec) {
+    for (int i = 0; i < 8; i++) {
+        uint64_t v = rd64(in + 8 * i);
+        uint64_t k = v ^ rd64(sec + 8 * i);
+        acc[i ^ 1] += v;
+        acc[i] += (uint64_t)(uint32_t)k * (k >> 32);
+    }
+}
+
+static uint64_t hash_long(const uint8_t *in, size_t len, uint64_t seed) {
+    uint8_t sec[192];
+    for (int i = 0; i < 192 / 16; i++) {
+        wr64(sec + 16 * i, rd64(XXH3_SECRET + 16 * i) + seed);
+        wr64(sec + 16 * i + 8, rd64(XXH3_SECRET + 16 * i + 8) - seed);
+    }
+    uint64_t acc[8] = {P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1};
+    const size_t stripes_per_block = (192 - 64) / 8, block_len = 64 * stripes_per_block;
+    const size_t blocks = (len - 1) / block_len;
+    for (size_t b = 0; b < blocks; b++) {
+        for (size_t s = 0; s < stripes_per_block; s++) accumulate_512(acc, in + b * block_len + 64 * s, sec + 8 * s);
+        for (int i = 0; i < 8; i++) { /* scramble */
+            uint64_t a = acc[i];
+            a ^= a >> 47;
+            a ^= rd64(sec + 192 - 64 + 8 * i);
+            acc[i] = a * P32_1;
+        }
+    }
+    const size_t stripes = ((len - 1) - block_len * blocks) / 64;
+    for (size_t s = 0; s < stripes; s++) accumulate_512(acc, in + blocks * block_len + 64 * s, sec + 8 * s);
+    accumulate_512(acc, in + len - 64, sec + 192 - 64 - 7);
+    uint64_t result = len * P64_1;
+    for (int i = 0; i < 4; i++) result += fold64(acc[2 * i] ^ rd64(sec + 11 + 16 * i), acc[2 * i + 1] ^ rd64(sec + 11 + 16 * i + 8));
+    return avalanche(result);
+}
+
+static uint64_t xxh3_64(const uint8_t *in, size_t len, uint64_t seed) {
+    if (len <= 16) return len_0to16(in, len, seed);
+    if (len <= 128) return len_17to128(in, len, seed);
+    if (len <= 240) return len_129to240(in, len, seed);
+    return hash_long(in, len, seed);
+}
+
+/* The chain over ``count`` blocks of ``block_bytes`` at ``p``, as a new list of ints. */
+static PyObject *chain(const uint8_t *p, Py_ssize_t block_bytes, uint64_t key, Py_ssize_t count) {
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        key = xxh3_64(p + i * block_bytes, (size_t)block_bytes, key);
+        PyObject *item = PyLong_FromUnsignedLongLong(key);
+        if (item == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
+static PyObject *block_keys(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    Py_ssize_t block_bytes, count;
+    unsigned long long parent;
+    if (!PyArg_ParseTuple(args, "y*nKn", &data, &block_bytes, &parent, &count)) return NULL;
+    if (block_bytes < 1 || count < 0 || count > data.len / block_bytes) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "block_keys: count * block_bytes exceeds the data");
+        return NULL;
+    }
+    PyObject *out = chain((const uint8_t *)data.buf, block_bytes, parent, count);
+    PyBuffer_Release(&data);
+    return out;
+}
+
+static PyObject *token_keys(PyObject *self, PyObject *args) {
+    PyObject *tokens;
+    Py_ssize_t block_size, count;
+    unsigned long long parent;
+    if (!PyArg_ParseTuple(args, "OnKn", &tokens, &block_size, &parent, &count)) return NULL;
+    if (!PyList_Check(tokens) && !PyTuple_Check(tokens)) {
+        PyErr_SetString(PyExc_TypeError, "token_keys: tokens must be a list or a tuple");
+        return NULL;
+    }
+    Py_ssize_t have = PySequence_Fast_GET_SIZE(tokens);
+    if (block_size < 1 || count < 0 || count > have / block_size) {
+        PyErr_SetString(PyExc_ValueError, "token_keys: count * block_size exceeds the tokens");
+        return NULL;
+    }
+    Py_ssize_t n = count * block_size;
+    uint8_t *buf = PyMem_Malloc(n > 0 ? (size_t)n * 4 : 1);
+    if (buf == NULL) return PyErr_NoMemory();
+    PyObject **items = PySequence_Fast_ITEMS(tokens);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        unsigned long v;
+        if (PyLong_Check(item)) {
+            v = PyLong_AsUnsignedLong(item);
+        } else { /* an integer type of another library (numpy): its index, as array('I') takes it */
+            PyObject *index = PyNumber_Index(item);
+            if (index == NULL) {
+                PyMem_Free(buf);
+                return NULL;
+            }
+            v = PyLong_AsUnsignedLong(index);
+            Py_DECREF(index);
+        }
+        if (v == (unsigned long)-1 && PyErr_Occurred()) {
+            PyMem_Free(buf);
+            return NULL;
+        }
+        if (v > 0xFFFFFFFFUL) {
+            PyMem_Free(buf);
+            PyErr_SetString(PyExc_OverflowError, "token_keys: a token id above 2^32 - 1");
+            return NULL;
+        }
+        uint32_t le = (uint32_t)v;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        le = __builtin_bswap32(le);
+#endif
+        memcpy(buf + 4 * i, &le, 4);
+    }
+    PyObject *out = chain(buf, 4 * block_size, parent, count);
+    PyMem_Free(buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"match", match, METH_VARARGS, "Endpoint -> tier-weighted longest prefix (KVBlockIndex.match's walk)."},
+    {"block_keys", block_keys, METH_VARARGS, "The chained XXH3-64 keys of count blocks of a buffer."},
+    {"token_keys", token_keys, METH_VARARGS, "The chained XXH3-64 keys of count blocks of token ids (keys.block_keys)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,20 +14,47 @@ function is picker's choice, and xxh3 (C, in ``xxhash``) costs ~0.2 µs a block 
 Python costs microseconds. Blocks of different sizes give different keys (a block's bytes are 4 x its size),
 so keys of servers with different block sizes never collide by accident.
 
+The chain runs in C when picker's extension is built (``picker.kvcache._native.block_keys``: XXH3 from its
+specification, one call per prompt instead of one ``xxhash`` call per block); ``block_keys_python`` is its twin
+and the fallback (no compiler at install, or ``PICKER_NATIVE=0``), and tests/kvcache/test_native.py checks both
+equal.
+
 The simulator's block pool hashes its blocks the same way (``picker.sim.kvcache``).
 """
 
 from __future__ import annotations
 
+import os
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import xxhash
 
-__all__ = ["MAX_TOKEN_ID", "block_keys", "hash_seed_value", "root_key"]
+__all__ = ["MAX_TOKEN_ID", "NATIVE", "block_keys", "block_keys_python", "hash_seed_value", "root_key"]
 
 _xxh3 = xxhash.xxh3_64_intdigest
 MAX_TOKEN_ID = 0xFFFF_FFFF  # token ids are hashed as uint32
+
+
+def _load_native() -> (
+    tuple[Callable[[memoryview, int, int, int], list[int]], Callable[[Any, int, int, int], list[int]]] | None
+):
+    """The C chains (over a buffer of uint32 bytes, over a list or tuple of ids), or None when they are not built
+    or ``PICKER_NATIVE`` is ``0`` (as picker.scheduling.native)."""
+    if os.environ.get("PICKER_NATIVE", "1") == "0":
+        return None
+    try:
+        from picker.kvcache import _native
+    except ImportError:  # not built (no compiler at install): the Python chain
+        return None
+    if not hasattr(_native, "token_keys"):  # an extension built from an older source: the Python chain
+        return None
+    return _native.block_keys, _native.token_keys
+
+
+_native_chains = _load_native()
+NATIVE = _native_chains is not None
 
 
 def hash_seed_value(seed: str | int) -> int:
@@ -53,20 +80,26 @@ def block_keys(tokens: Sequence[int], block_size: int, parent: int, max_blocks: 
 
     Raises ``ValueError`` for a token id outside [0, 2^32) or a block size below 1.
     """
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
-    n = len(tokens) // block_size
-    if max_blocks is not None:
-        n = min(n, max_blocks)
-    if n <= 0:
-        return []
-    try:
-        if isinstance(tokens, array) and tokens.typecode == "I":
-            data = memoryview(tokens).cast("B")
-        else:
-            data = memoryview(array("I", tokens[: n * block_size])).cast("B")
-    except (OverflowError, TypeError) as exc:
-        raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]") from exc
+    chains = _native_chains
+    if chains is None:
+        return block_keys_python(tokens, block_size, parent, max_blocks)
+    if type(tokens) is list or type(tokens) is tuple:  # a tokenizer's answer: converted in C, no array copy
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        n = len(tokens) // block_size if max_blocks is None else min(len(tokens) // block_size, max_blocks)
+        if n <= 0:
+            return []
+        try:
+            return chains[1](tokens, block_size, parent, n)
+        except (OverflowError, TypeError) as exc:
+            raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]") from exc
+    n, data = _blocks(tokens, block_size, max_blocks)
+    return chains[0](data, 4 * block_size, parent, n) if n else []
+
+
+def block_keys_python(tokens: Sequence[int], block_size: int, parent: int, max_blocks: int | None = None) -> list[int]:
+    """``block_keys`` with one ``xxhash`` call per block: the C chain's twin."""
+    n, data = _blocks(tokens, block_size, max_blocks)
     step = 4 * block_size
     out: list[int] = []
     append = out.append
@@ -74,3 +107,20 @@ def block_keys(tokens: Sequence[int], block_size: int, parent: int, max_blocks: 
         parent = _xxh3(data[start : start + step], seed=parent)
         append(parent)
     return out
+
+
+def _blocks(tokens: Sequence[int], block_size: int, max_blocks: int | None) -> tuple[int, memoryview]:
+    """How many full blocks to key, and the tokens as little-endian uint32 bytes (at least that many blocks')."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    n = len(tokens) // block_size
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    if n <= 0:
+        return 0, memoryview(b"")
+    try:
+        if isinstance(tokens, array) and tokens.typecode == "I":
+            return n, memoryview(tokens).cast("B")
+        return n, memoryview(array("I", tokens[: n * block_size])).cast("B")
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]") from exc

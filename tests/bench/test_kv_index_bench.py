@@ -19,6 +19,8 @@ def test_memory_and_ingest_at_a_small_size() -> None:
     assert rate["events_per_s_cpu"] > 1_000
     assert kv_index.lookup_us(4, rounds=10) > 0
     assert kv_index.lookup_us(4, rounds=10, python=True) > 0
+    assert kv_index.keys_us(rounds=10) > 0
+    assert kv_index.keys_us(rounds=10, python=True) > 0
 
 
 def test_command_prints_the_tables(capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,3 +43,4 @@ def test_lookup_only_skips_memory_and_ingest(capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "MiB" not in out
     assert "longest-prefix match" in out
+    assert "block keys of a 4000-token prompt" in out

@@ -92,10 +92,10 @@ def test_picker_runs_from_the_image(container: str) -> None:
     assert found.stdout.strip() == "ok", found.stderr
     # The C extension was compiled in the builder stage and is what the image runs.
     native = run_in(
-        container, "python", "-c", "from picker.scheduling import native; from picker.kvcache import index; "
-        "print(native.NATIVE, index.NATIVE)"
+        container, "python", "-c", "from picker.scheduling import native; from picker.kvcache import index, keys; "
+        "print(native.NATIVE, index.NATIVE, keys.NATIVE)"
     )  # fmt: skip
-    assert native.stdout.strip() == "True True", native.stderr
+    assert native.stdout.strip() == "True True True", native.stderr
 
 
 @contextlib.asynccontextmanager

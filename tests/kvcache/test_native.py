@@ -1,15 +1,22 @@
-"""The C walk of ``KVBlockIndex.match`` (``picker.kvcache._native``) against its Python twin on random indexes:
-the same endpoints, the same floats."""
+"""The C parts of the KV index (``picker.kvcache._native``) against their Python twins: ``KVBlockIndex.match``'s
+walk on random indexes (the same endpoints, the same floats) and ``block_keys``' XXH3 chain (the same keys as the
+``xxhash`` package)."""
 
 from __future__ import annotations
 
 import random
+from array import array
+from collections.abc import Sequence
+from typing import overload
 
 import pytest
+import xxhash
 
 from picker.kvcache import index as index_module
+from picker.kvcache import keys as keys_module
 from picker.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from picker.kvcache.index import KVBlockIndex
+from picker.kvcache.keys import block_keys_python
 
 # scripts/install.sh builds the extension (setup.py, gcc); a machine where it did not build fails here rather than
 # skipping, as tests/scheduling/plugins/test_native.py does.
@@ -85,3 +92,74 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
         _native.match([1], {1: "x"}, {0: "a"}, [1.0] * 16)  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="small non-negative"):
         _native.match([1], {}, {-1: "a"}, [1.0] * 16)
+
+
+def test_the_c_xxh3_equals_the_xxhash_package_on_every_length() -> None:
+    """Every length to 2 KiB: each of XXH3's paths (0-16, 17-128, 129-240 bytes, and the long hash over one and
+    more 1 KiB blocks), with seeds that matter (0, the top bit, all ones, random)."""
+    rng = random.Random(5)
+    for length in range(1, 2049):
+        data = rng.randbytes(length)
+        for seed in (0, 1 << 63, (1 << 64) - 1, rng.getrandbits(64)):
+            assert _native.block_keys(data, length, seed, 1) == [xxhash.xxh3_64_intdigest(data, seed=seed)], (
+                length,
+                seed,
+            )
+
+
+def test_the_c_chain_matches_the_python_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keys_module, "_native_chains", (_native.block_keys, _native.token_keys))  # PICKER_NATIVE=0 too
+    rng = random.Random(17)
+    for _ in range(400):
+        block_size = rng.choice([1, 2, 3, 4, 16, 17, 32, 33, 60, 61, 64, 128, 300])
+        tokens = [rng.randrange(1 << 32) for _ in range(rng.randrange(block_size * 12))]
+        parent = rng.getrandbits(64)
+        max_blocks = rng.choice([None, 0, 1, rng.randrange(1, 20)])
+        want = block_keys_python(tokens, block_size, parent, max_blocks)
+        # a list and a tuple (a tokenizer's answer) are converted in C; an array('I') (the KV events' ids) is read
+        # as its buffer; another sequence is copied into an array first
+        for given in (tokens, tuple(tokens), array("I", tokens), PlainSequence(tokens)):
+            assert keys_module.block_keys(given, block_size, parent, max_blocks) == want
+    for bad in ([1, -1], [1, 1 << 32], [1, 1.5], (1, "a"), PlainSequence([1, -1])):
+        with pytest.raises(ValueError, match="token ids"):
+            keys_module.block_keys(bad, 1, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size"):
+        keys_module.block_keys([1], 0, 0)
+
+
+def test_block_keys_use_the_c_chain_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (keys_module._native_chains == (_native.block_keys, _native.token_keys)) == keys_module.NATIVE
+    monkeypatch.setenv("PICKER_NATIVE", "0")
+    assert keys_module._load_native() is None
+    monkeypatch.setenv("PICKER_NATIVE", "1")
+    assert keys_module._load_native() == (_native.block_keys, _native.token_keys)
+
+
+def test_the_c_chain_refuses_more_blocks_than_the_data_holds() -> None:
+    with pytest.raises(ValueError, match="exceeds the data"):
+        _native.block_keys(b"12345678", 4, 0, 3)
+    with pytest.raises(ValueError, match="exceeds the data"):
+        _native.block_keys(b"1234", 0, 0, 1)
+    with pytest.raises(ValueError, match="exceeds the tokens"):
+        _native.token_keys([1, 2, 3], 2, 0, 2)
+    with pytest.raises(TypeError, match="list or a tuple"):
+        _native.token_keys(range(4), 2, 0, 1)
+
+
+class PlainSequence(Sequence[int]):
+    """A sequence that is neither a list, a tuple nor an array."""
+
+    def __init__(self, items: list[int]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        return self._items[i]
