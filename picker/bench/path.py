@@ -20,7 +20,9 @@ from picker.endpoints.store import EndpointStore
 from picker.extproc.stream import Stream
 from picker.settings import ServerSettings, Settings
 
-__all__ = ["measure"]
+__all__ = ["WARM_CYCLES", "measure"]
+
+WARM_CYCLES = 200  # requests (or scheduling cycles) before the timings: the prefix index warm
 
 
 async def measure(
@@ -45,7 +47,7 @@ async def measure(
         env = running.extproc.env
         messages = [
             build_messages({":method": "POST", ":path": "/v1/completions", "content-length": str(len(b))}, b)
-            for b in (fresh_prompt_bodies(size, 200 + cycles * repeat) if fresh else prompt_bodies(size))
+            for b in (fresh_prompt_bodies(size, WARM_CYCLES + cycles * repeat) if fresh else prompt_bodies(size))
         ]
 
         sent = itertools.count()  # across the timings: with ``fresh`` no prompt comes twice
@@ -57,7 +59,7 @@ async def measure(
                     await stream.on_message(message)
                 stream.close()
 
-        await requests(200)
+        await requests(WARM_CYCLES)
         timings = []
         for _ in range(repeat):
             started = time.perf_counter()

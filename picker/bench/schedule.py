@@ -91,9 +91,6 @@ async def _measure_path(count: int, size: int, config_text: str | None, args: ar
     )
 
 
-_WARM = 200  # cycles before the timings
-
-
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
     endpoints = bench_endpoints(count, now=time.monotonic())
     peers = None
@@ -102,7 +99,8 @@ def _measure(count: int, size: int, config_text: str | None, args: argparse.Name
         peers.update(1, time.monotonic(), {e.key: (3, 3000) for e in endpoints}, full=True)
     ctx = PluginContext(clock=time.monotonic, inflight=InflightTracker(), rng=random.Random(0), peers=peers)
     scheduler = Scheduler(load_config(config_text, ctx), ctx, prefilter_k=args.prefilter)
-    bodies = fresh_prompt_bodies(size, _WARM + args.cycles * args.repeat) if args.fresh else prompt_bodies(size)
+    warm = whole_path.WARM_CYCLES
+    bodies = fresh_prompt_bodies(size, warm + args.cycles * args.repeat) if args.fresh else prompt_bodies(size)
     requests = [parse_request({":path": "/v1/completions"}, body) for body in bodies]
 
     sent = itertools.count()  # across the timings: with ``--fresh`` no prompt comes twice
@@ -112,7 +110,7 @@ def _measure(count: int, size: int, config_text: str | None, args: argparse.Name
             req = requests[next(sent) % len(requests)]
             scheduler.pre_request(req, scheduler.schedule(req, endpoints))
 
-    cycles(_WARM)  # warm the prefix index
+    cycles(warm)  # warm the prefix index
     timings = []
     for _ in range(args.repeat):
         started = time.perf_counter()
