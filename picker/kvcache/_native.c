@@ -11,9 +11,9 @@
  *
  * block_keys(data, block_bytes, parent, count) -> list[int]
  *   data:        a buffer of at least count * block_bytes bytes (the token ids' uint32 bytes)
- * token_keys(tokens, block_size, parent, count) -> list[int]
+ * token_keys(tokens, block_size, parent, count) -> list[int] | None
  *   tokens:      a list or tuple of at least count * block_size token ids, each hashed as a little-endian uint32
- *                (OverflowError outside [0, 2^32), TypeError for a non-integer)
+ *                (OverflowError outside [0, 2^32); None when one is not an int: the caller converts them)
  * Each key is XXH3-64 of one block's bytes seeded with the key before it (``parent`` for the first):
  * picker/kvcache/keys.py's chain, which defines the result with the ``xxhash`` package's xxh3_64. XXH3 is
  * written here from its specification (xxhash's doc/xxhash_spec.md); tests/kvcache/test_native.py checks it
@@ -412,18 +412,13 @@ static PyObject *token_keys(PyObject *self, PyObject *args) {
     PyObject **items = PySequence_Fast_ITEMS(tokens);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = items[i];
-        unsigned long v;
-        if (PyLong_Check(item)) {
-            v = PyLong_AsUnsignedLong(item);
-        } else { /* an integer type of another library (numpy): its index, as array('I') takes it */
-            PyObject *index = PyNumber_Index(item);
-            if (index == NULL) {
-                PyMem_Free(buf);
-                return NULL;
-            }
-            v = PyLong_AsUnsignedLong(index);
-            Py_DECREF(index);
+        if (!PyLong_Check(item)) {
+            /* Not an int (numpy's, a float): None, and the caller converts. Calling its __index__ here could run
+             * code that resizes the list under ``items``. */
+            PyMem_Free(buf);
+            Py_RETURN_NONE;
         }
+        unsigned long v = PyLong_AsUnsignedLong(item);
         if (v == (unsigned long)-1 && PyErr_Occurred()) {
             PyMem_Free(buf);
             return NULL;

@@ -38,7 +38,7 @@ MAX_TOKEN_ID = 0xFFFF_FFFF  # token ids are hashed as uint32
 
 
 def _load_native() -> (
-    tuple[Callable[[memoryview, int, int, int], list[int]], Callable[[Any, int, int, int], list[int]]] | None
+    tuple[Callable[[memoryview, int, int, int], list[int]], Callable[[Any, int, int, int], list[int] | None]] | None
 ):
     """The C chains (over a buffer of uint32 bytes, over a list or tuple of ids), or None when they are not built
     or ``PICKER_NATIVE`` is ``0`` (as picker.scheduling.native)."""
@@ -90,9 +90,12 @@ def block_keys(tokens: Sequence[int], block_size: int, parent: int, max_blocks: 
         if n <= 0:
             return []
         try:
-            return chains[1](tokens, block_size, parent, n)
-        except (OverflowError, TypeError) as exc:
+            found = chains[1](tokens, block_size, parent, n)
+        except OverflowError as exc:
             raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]") from exc
+        if found is not None:
+            return found
+        # an id that is not an int (numpy's): converted by array('I') below, as the Python chain does
     n, data = _blocks(tokens, block_size, max_blocks)
     return chains[0](data, 4 * block_size, parent, n) if n else []
 

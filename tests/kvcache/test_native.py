@@ -120,6 +120,9 @@ def test_the_c_chain_matches_the_python_chain(monkeypatch: pytest.MonkeyPatch) -
         # as its buffer; another sequence is copied into an array first
         for given in (tokens, tuple(tokens), array("I", tokens), PlainSequence(tokens)):
             assert keys_module.block_keys(given, block_size, parent, max_blocks) == want
+        # an id of another integer type (numpy's) in a list: the C conversion declines, array('I') converts it
+        mixed: list[int] = [TokenId(t) if i % 3 == 0 else t for i, t in enumerate(tokens)]  # type: ignore[misc]
+        assert keys_module.block_keys(mixed, block_size, parent, max_blocks) == want
     for bad in ([1, -1], [1, 1 << 32], [1, 1.5], (1, "a"), PlainSequence([1, -1])):
         with pytest.raises(ValueError, match="token ids"):
             keys_module.block_keys(bad, 1, 0)  # type: ignore[arg-type]
@@ -144,6 +147,16 @@ def test_the_c_chain_refuses_more_blocks_than_the_data_holds() -> None:
         _native.token_keys([1, 2, 3], 2, 0, 2)
     with pytest.raises(TypeError, match="list or a tuple"):
         _native.token_keys(range(4), 2, 0, 1)
+
+
+class TokenId:
+    """An integer type that is not ``int`` (as numpy's): usable where an index is."""
+
+    def __init__(self, value: int) -> None:
+        self._value = value
+
+    def __index__(self) -> int:
+        return self._value
 
 
 class PlainSequence(Sequence[int]):
