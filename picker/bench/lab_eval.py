@@ -14,6 +14,8 @@ requests at the same times (one seed). For each point it prints the lab's table 
 against the best other policy's (the lowest p90 among the others) and against round robin's. ``--json`` writes
 every run's summary and the ratios; ``--png`` p90 TTFT against the rate per workload (plain) and per scenario.
 ``--jobs`` runs points in parallel processes (the numbers do not change: each run is deterministic).
+``--cache DIR`` keeps every run and reuses it while nothing it depends on changed (picker's source, the config
+file, the point): a candidate configuration is then measured against the baselines in the time of its own runs.
 The numbers and what they mean are in docs/performance.md ("Scheduling: policy lab") and docs/scheduling.md.
 """
 
@@ -21,7 +23,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import os
+import pickle
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +53,7 @@ __all__ = [
     "EvalScenario",
     "EvalWorkload",
     "Ratio",
+    "RunCache",
     "configure",
     "evaluate",
     "plot",
@@ -213,6 +219,55 @@ def _run_point(
     return lab_report.make_row(policy, run_.result, [f"sim-{i}" for i in range(ENGINES)], rate), run_.wall_s
 
 
+class RunCache:
+    """Lab runs kept on disk, each under a key of everything that decides it: picker's source (every ``.py`` and
+    ``.c`` file of the package: the simulator, the lab, the policies and the scheduler), the policy (a config
+    policy by its file's content), the workload, scenario, rate, request count and seed. A change to any of them
+    is a new key, so a kept run is never stale; an old one is simply not read again.
+
+    Runs are pickled, so the directory must be the user's own: it is made private (0700) and refused when it is
+    another user's or others can write to it.
+    """
+
+    def __init__(self, directory: Path, *, source: Path | None = None) -> None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.stat()
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ValueError(f"--cache {directory}: must be a directory of this user that others cannot write to")
+        self.directory = directory
+        self._source = _source_digest(source or Path(__file__).resolve().parents[1])
+
+    def get(self, point: tuple[str, str, float, str], requests: int, seed: int) -> lab_report.Row | None:
+        path = self._path(point, requests, seed)
+        try:
+            row = pickle.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):  # torn or from elsewhere
+            return None
+        return row if isinstance(row, lab_report.Row) else None
+
+    def put(self, point: tuple[str, str, float, str], requests: int, seed: int, row: lab_report.Row) -> None:
+        path = self._path(point, requests, seed)
+        partial = path.with_suffix(".tmp")
+        partial.write_bytes(pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL))
+        partial.replace(path)  # whole or absent: a run killed mid-write leaves no torn entry
+
+    def _path(self, point: tuple[str, str, float, str], requests: int, seed: int) -> Path:
+        workload, scenario, rate, policy = point
+        if policy.startswith("config:"):  # the file's content decides the run, not its name
+            policy = "config@" + hashlib.sha256(Path(policy.removeprefix("config:")).read_bytes()).hexdigest()
+        text = "\n".join((self._source, policy, workload, scenario, repr(float(rate)), str(requests), str(seed)))
+        return self.directory / f"{hashlib.sha256(text.encode()).hexdigest()}.pickle"
+
+
+def _source_digest(package: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".c") and p.is_file()):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def evaluate(
     workloads: Sequence[EvalWorkload],
     policies: Sequence[str],
@@ -223,9 +278,11 @@ def evaluate(
     scenarios: Sequence[str] = (PLAIN,),
     jobs: int = 1,
     log: Callable[[str], None] = print,
+    cache: RunCache | None = None,
 ) -> dict[tuple[str, str], list[lab_report.Row]]:
     """Every policy on every workload, under every scenario, at each rate of its ladder; rows per
-    (scenario, workload), in rate then policy order. ``jobs`` > 1 runs them in that many processes."""
+    (scenario, workload), in rate then policy order. ``jobs`` > 1 runs them in that many processes; ``cache``
+    supplies the runs it holds and keeps the new ones."""
     points = [
         (w.name, sc, rate, policy)
         for sc in scenarios
@@ -237,14 +294,25 @@ def evaluate(
 
     def done(point: tuple[str, str, float, str], row: lab_report.Row, wall_s: float) -> None:
         found[point] = row
+        if cache is not None:
+            cache.put(point, requests, seed, row)
         log(f"  {point[1]} {point[0]} {point[2]:g} req/s {point[3]}: wall {wall_s:.1f} s")
 
+    todo = []
+    for point in points:
+        kept = cache.get(point, requests, seed) if cache is not None else None
+        if kept is None:
+            todo.append(point)
+        else:
+            found[point] = kept
+    if cache is not None:
+        log(f"  {len(points) - len(todo)} of {len(points)} runs from the cache {cache.directory}")
     if jobs <= 1:
-        for point in points:
+        for point in todo:
             done(point, *_run_point(*point, requests, seed))
     else:
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-            futures = {pool.submit(_run_point, *point, requests, seed): point for point in points}
+            futures = {pool.submit(_run_point, *point, requests, seed): point for point in todo}
             for future in concurrent.futures.as_completed(futures):
                 done(futures[future], *future.result())
     out: dict[tuple[str, str], list[lab_report.Row]] = {}
@@ -369,6 +437,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: one per core)"
     )
     parser.add_argument("--json", type=Path, help="write every run's summary and the ratios")
+    parser.add_argument(
+        "--cache", type=Path, metavar="DIR", help="keep runs in DIR and reuse those whose inputs did not change"
+    )
     parser.add_argument("--png", type=Path, help="write p90 TTFT against the rate per workload, and per scenario")
     parser.add_argument("--markdown", type=Path, help="write the p90 tables and the ratios as Markdown (the docs')")
 
@@ -389,7 +460,8 @@ def run(args: argparse.Namespace) -> int:
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
         if requests < 1 or not policies or args.jobs < 1:
             raise ValueError("need --requests >= 1, --jobs >= 1 and at least one policy")
-    except ValueError as exc:
+        cache = RunCache(args.cache) if args.cache is not None else None
+    except (ValueError, OSError) as exc:
         print(f"picker bench lab-eval: {exc}", file=sys.stderr)
         return 2
     workloads = [EVAL_WORKLOADS[n] for n in names]
@@ -397,9 +469,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = evaluate(
             workloads, policies, requests=requests, seed=args.seed, quick=args.quick, scenarios=scenarios,
-            jobs=args.jobs,
+            jobs=args.jobs, cache=cache,
         )  # fmt: skip
-    except (ValueError, errors.ConfigError) as exc:
+    except (ValueError, OSError, errors.ConfigError) as exc:
         print(f"picker bench lab-eval: {exc}", file=sys.stderr)
         return 2
     all_ratios: list[Ratio] = []

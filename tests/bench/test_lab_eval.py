@@ -7,9 +7,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from picker.bench import lab_eval
+from picker.bench import lab_eval, lab_report
 from picker.bench.lab_eval import BASELINE_POLICIES, EVAL_WORKLOADS, PICKER
 from picker.cli import main
+from picker.scheduling.config import DEFAULT_CONFIG_TEXT
 
 
 def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,3 +63,73 @@ def test_ratios_pick_the_best_other_policy_per_rate() -> None:
 def test_unknown_workload_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "lab-eval", "--workloads", "nope"]) == 2
     assert "unknown workload" in capsys.readouterr().err
+
+
+def _p90s(rows: list[lab_report.Row]) -> dict[str, float]:
+    return {r.label: r.summary.ttft_s.p90 for r in rows}
+
+
+def test_the_run_cache_reuses_runs_until_an_input_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "candidate.yaml"
+    config.write_text(DEFAULT_CONFIG_TEXT)
+    policies = ["rr", f"config:{config}"]
+    workloads = [EVAL_WORKLOADS["short-long"]]
+    ran: list[str] = []
+    real_run = lab_eval._run_point
+
+    def counting(workload: str, scenario: str, rate: float, policy: str, requests: int, seed: int):  # type: ignore[no-untyped-def]
+        ran.append(policy)
+        return real_run(workload, scenario, rate, policy, requests, seed)
+
+    monkeypatch.setattr(lab_eval, "_run_point", counting)
+    cache = lab_eval.RunCache(tmp_path / "runs")
+
+    def evaluate(cache: lab_eval.RunCache) -> dict[str, float]:
+        got = lab_eval.evaluate(workloads, policies, requests=60, quick=True, log=lambda _: None, cache=cache)
+        return _p90s(got[("plain", "short-long")])
+
+    first = evaluate(cache)
+    assert sorted(ran) == sorted(policies)
+    ran.clear()
+    assert evaluate(cache) == first  # every run from the cache, the same numbers
+    assert ran == []
+
+    config.write_text(DEFAULT_CONFIG_TEXT.replace("weight: 2", "weight: 1"))  # the candidate changed
+    evaluate(cache)
+    assert ran == [f"config:{config}"]
+    ran.clear()
+
+    other_source = tmp_path / "source"  # picker's code changed: nothing kept applies
+    other_source.mkdir()
+    (other_source / "x.py").write_text("changed = True\n")
+    evaluate(lab_eval.RunCache(tmp_path / "runs", source=other_source))
+    assert sorted(ran) == sorted(policies)
+
+
+def test_the_run_cache_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match="others cannot write"):
+        lab_eval.RunCache(shared)
+    own = tmp_path / "own"
+    lab_eval.RunCache(own)
+    assert own.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_torn_cache_entry_is_run_again(tmp_path: Path) -> None:
+    cache = lab_eval.RunCache(tmp_path / "runs")
+    point = ("short-long", "plain", 100.0, "rr")
+    cache.put(point, 60, 0, lab_eval._run_point(*point, 60, 0)[0])
+    [entry] = list((tmp_path / "runs").iterdir())
+    entry.write_bytes(entry.read_bytes()[:20])
+    assert cache.get(point, 60, 0) is None
+
+
+def test_cache_flag_reports_the_reused_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "lab-eval", "--quick", "--workloads", "short-long", "--scenarios", "plain", "--policies", "rr"]
+    argv += ["--requests", "60", "--jobs", "1", "--cache", str(tmp_path / "runs")]
+    assert main(argv) == 0
+    assert "0 of 1 runs from the cache" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "1 of 1 runs from the cache" in capsys.readouterr().out

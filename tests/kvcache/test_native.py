@@ -95,10 +95,10 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
 
 
 def test_the_c_xxh3_equals_the_xxhash_package_on_every_length() -> None:
-    """Every length to 2 KiB: each of XXH3's paths (0-16, 17-128, 129-240 bytes, and the long hash over one and
-    more 1 KiB blocks), with seeds that matter (0, the top bit, all ones, random)."""
+    """Every length to 2 KiB and a few longer: each of XXH3's paths (0-16, 17-128, 129-240 bytes, and the long
+    hash over one and more 1 KiB blocks), with seeds that matter (0, the top bit, all ones, random)."""
     rng = random.Random(5)
-    for length in range(1, 2049):
+    for length in [*range(1, 2049), 4096, 5000, 16_384, 65_536 + 7]:
         data = rng.randbytes(length)
         for seed in (0, 1 << 63, (1 << 64) - 1, rng.getrandbits(64)):
             assert _native.block_keys(data, length, seed, 1) == [xxhash.xxh3_64_intdigest(data, seed=seed)], (
