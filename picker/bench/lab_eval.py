@@ -241,9 +241,7 @@ class RunCache:
         path = self._path(point, requests, seed)
         try:
             row = pickle.loads(path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):  # torn or from elsewhere
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):  # absent, or torn: run it
             return None
         return row if isinstance(row, lab_report.Row) else None
 

@@ -14,10 +14,10 @@ function is picker's choice, and xxh3 (C, in ``xxhash``) costs ~0.2 µs a block 
 Python costs microseconds. Blocks of different sizes give different keys (a block's bytes are 4 x its size),
 so keys of servers with different block sizes never collide by accident.
 
-The chain runs in C when picker's extension is built (``picker.kvcache._native.block_keys``: XXH3 from its
-specification, one call per prompt instead of one ``xxhash`` call per block); ``block_keys_python`` is its twin
-and the fallback (no compiler at install, or ``PICKER_NATIVE=0``), and tests/kvcache/test_native.py checks both
-equal.
+The chain runs in C when picker's extension is built (``picker.kvcache._native``: XXH3 from its specification, one
+call per prompt instead of one ``xxhash`` call per block, a list's ids converted in the same call);
+``block_keys_python`` is its twin and the fallback (no compiler at install, or ``PICKER_NATIVE=0``), and
+tests/kvcache/test_native.py checks both equal.
 
 The simulator's block pool hashes its blocks the same way (``picker.sim.kvcache``).
 """
@@ -84,9 +84,7 @@ def block_keys(tokens: Sequence[int], block_size: int, parent: int, max_blocks: 
     if chains is None:
         return block_keys_python(tokens, block_size, parent, max_blocks)
     if type(tokens) is list or type(tokens) is tuple:  # a tokenizer's answer: converted in C, no array copy
-        if block_size < 1:
-            raise ValueError("block_size must be >= 1")
-        n = len(tokens) // block_size if max_blocks is None else min(len(tokens) // block_size, max_blocks)
+        n = _count(tokens, block_size, max_blocks)
         if n <= 0:
             return []
         try:
@@ -113,12 +111,8 @@ def block_keys_python(tokens: Sequence[int], block_size: int, parent: int, max_b
 
 
 def _blocks(tokens: Sequence[int], block_size: int, max_blocks: int | None) -> tuple[int, memoryview]:
-    """How many full blocks to key, and the tokens as little-endian uint32 bytes (at least that many blocks')."""
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
-    n = len(tokens) // block_size
-    if max_blocks is not None:
-        n = min(n, max_blocks)
+    """How many full blocks to key, and the tokens' uint32 bytes (at least that many blocks')."""
+    n = _count(tokens, block_size, max_blocks)
     if n <= 0:
         return 0, memoryview(b"")
     try:
@@ -127,3 +121,11 @@ def _blocks(tokens: Sequence[int], block_size: int, max_blocks: int | None) -> t
         return n, memoryview(array("I", tokens[: n * block_size])).cast("B")
     except (OverflowError, TypeError) as exc:
         raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]") from exc
+
+
+def _count(tokens: Sequence[int], block_size: int, max_blocks: int | None) -> int:
+    """The full blocks of ``tokens`` to key (at most ``max_blocks``)."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    n = len(tokens) // block_size
+    return n if max_blocks is None else min(n, max_blocks)
