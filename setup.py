@@ -12,12 +12,14 @@ setup(
         Extension(
             "picker.scheduling._native",
             ["picker/scheduling/_native.c"],
+            depends=["picker/xxhash_spec.h"],
             extra_compile_args=["-O3", "-ffp-contract=off"],  # float results as Python computes them
             optional=True,
         ),
         Extension(
             "picker.kvcache._native",
             ["picker/kvcache/_native.c"],
+            depends=["picker/xxhash_spec.h"],
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
         ),

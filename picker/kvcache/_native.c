@@ -22,8 +22,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <stdint.h>
-#include <string.h>
+#include "../xxhash_spec.h"
 
 #define SLOT_SHIFT 4
 #define MASK 15
@@ -198,43 +197,8 @@ static const uint8_t XXH3_SECRET[192] = {
     0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
 };
 
-#define P32_1 0x9E3779B1U
-#define P32_2 0x85EBCA77U
-#define P32_3 0xC2B2AE3DU
-#define P64_1 0x9E3779B185EBCA87ULL
-#define P64_2 0xC2B2AE3D27D4EB4FULL
-#define P64_3 0x165667B19E3779F9ULL
-#define P64_4 0x85EBCA77C2B2AE63ULL
-#define P64_5 0x27D4EB2F165667C5ULL
 #define PMX_1 0x165667919E3779F9ULL
 #define PMX_2 0x9FB21C651E98DF25ULL
-
-static inline uint64_t rd64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-static inline uint32_t rd32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static inline void wr64(uint8_t *p, uint64_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    memcpy(p, &v, 8);
-}
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
 static inline uint64_t fold64(uint64_t a, uint64_t b) {
     unsigned __int128 p = (unsigned __int128)a * b;
@@ -249,9 +213,9 @@ static inline uint64_t avalanche(uint64_t h) {
 
 static inline uint64_t avalanche64(uint64_t h) { /* XXH64's */
     h ^= h >> 33;
-    h *= P64_2;
+    h *= PRIME64_2;
     h ^= h >> 29;
-    h *= P64_3;
+    h *= PRIME64_3;
     return h ^ (h >> 32);
 }
 
@@ -264,33 +228,33 @@ static inline uint64_t rrmxmx(uint64_t h, uint64_t len) {
 }
 
 static inline uint64_t mix16(const uint8_t *in, const uint8_t *sec, uint64_t seed) {
-    return fold64(rd64(in) ^ (rd64(sec) + seed), rd64(in + 8) ^ (rd64(sec + 8) - seed));
+    return fold64(read64(in) ^ (read64(sec) + seed), read64(in + 8) ^ (read64(sec + 8) - seed));
 }
 
 static uint64_t len_0to16(const uint8_t *in, size_t len, uint64_t seed) {
     const uint8_t *sec = XXH3_SECRET;
     if (len > 8) {
-        uint64_t lo = rd64(in) ^ ((rd64(sec + 24) ^ rd64(sec + 32)) + seed);
-        uint64_t hi = rd64(in + len - 8) ^ ((rd64(sec + 40) ^ rd64(sec + 48)) - seed);
+        uint64_t lo = read64(in) ^ ((read64(sec + 24) ^ read64(sec + 32)) + seed);
+        uint64_t hi = read64(in + len - 8) ^ ((read64(sec + 40) ^ read64(sec + 48)) - seed);
         return avalanche(len + __builtin_bswap64(lo) + hi + fold64(lo, hi));
     }
     if (len >= 4) {
         seed ^= (uint64_t)__builtin_bswap32((uint32_t)seed) << 32;
-        uint64_t joined = rd32(in + len - 4) + ((uint64_t)rd32(in) << 32);
-        return rrmxmx(joined ^ ((rd64(sec + 8) ^ rd64(sec + 16)) - seed), len);
+        uint64_t joined = read32(in + len - 4) + ((uint64_t)read32(in) << 32);
+        return rrmxmx(joined ^ ((read64(sec + 8) ^ read64(sec + 16)) - seed), len);
     }
     if (len > 0) {
         uint32_t c1 = in[0], c2 = in[len >> 1], c3 = in[len - 1];
         uint32_t combined = (c1 << 16) | (c2 << 24) | c3 | ((uint32_t)len << 8);
-        uint64_t flip = (uint64_t)(rd32(sec) ^ rd32(sec + 4)) + seed;
+        uint64_t flip = (uint64_t)(read32(sec) ^ read32(sec + 4)) + seed;
         return avalanche64((uint64_t)combined ^ flip);
     }
-    return avalanche64(seed ^ (rd64(sec + 56) ^ rd64(sec + 64)));
+    return avalanche64(seed ^ (read64(sec + 56) ^ read64(sec + 64)));
 }
 
 static uint64_t len_17to128(const uint8_t *in, size_t len, uint64_t seed) {
     const uint8_t *sec = XXH3_SECRET;
-    uint64_t acc = len * P64_1;
+    uint64_t acc = len * PRIME64_1;
     if (len > 32) {
         if (len > 64) {
             if (len > 96) {
@@ -310,7 +274,7 @@ static uint64_t len_17to128(const uint8_t *in, size_t len, uint64_t seed) {
 
 static uint64_t len_129to240(const uint8_t *in, size_t len, uint64_t seed) {
     const uint8_t *sec = XXH3_SECRET;
-    uint64_t acc = len * P64_1;
+    uint64_t acc = len * PRIME64_1;
     size_t rounds = len / 16;
     for (size_t i = 0; i < 8; i++) acc += mix16(in + 16 * i, sec + 16 * i, seed);
     uint64_t acc_end = mix16(in + len - 16, sec + 136 - 17, seed);
@@ -321,8 +285,8 @@ static uint64_t len_129to240(const uint8_t *in, size_t len, uint64_t seed) {
 
 static inline void accumulate_512(uint64_t *acc, const uint8_t *in, const uint8_t *sec) {
     for (int i = 0; i < 8; i++) {
-        uint64_t v = rd64(in + 8 * i);
-        uint64_t k = v ^ rd64(sec + 8 * i);
+        uint64_t v = read64(in + 8 * i);
+        uint64_t k = v ^ read64(sec + 8 * i);
         acc[i ^ 1] += v;
         acc[i] += (uint64_t)(uint32_t)k * (k >> 32);
     }
@@ -331,10 +295,10 @@ static inline void accumulate_512(uint64_t *acc, const uint8_t *in, const uint8_
 static uint64_t hash_long(const uint8_t *in, size_t len, uint64_t seed) {
     uint8_t sec[192];
     for (int i = 0; i < 192 / 16; i++) {
-        wr64(sec + 16 * i, rd64(XXH3_SECRET + 16 * i) + seed);
-        wr64(sec + 16 * i + 8, rd64(XXH3_SECRET + 16 * i + 8) - seed);
+        write64(sec + 16 * i, read64(XXH3_SECRET + 16 * i) + seed);
+        write64(sec + 16 * i + 8, read64(XXH3_SECRET + 16 * i + 8) - seed);
     }
-    uint64_t acc[8] = {P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1};
+    uint64_t acc[8] = {PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1};
     const size_t stripes_per_block = (192 - 64) / 8, block_len = 64 * stripes_per_block;
     const size_t blocks = (len - 1) / block_len;
     for (size_t b = 0; b < blocks; b++) {
@@ -342,15 +306,15 @@ static uint64_t hash_long(const uint8_t *in, size_t len, uint64_t seed) {
         for (int i = 0; i < 8; i++) { /* scramble */
             uint64_t a = acc[i];
             a ^= a >> 47;
-            a ^= rd64(sec + 192 - 64 + 8 * i);
-            acc[i] = a * P32_1;
+            a ^= read64(sec + 192 - 64 + 8 * i);
+            acc[i] = a * PRIME32_1;
         }
     }
     const size_t stripes = ((len - 1) - block_len * blocks) / 64;
     for (size_t s = 0; s < stripes; s++) accumulate_512(acc, in + blocks * block_len + 64 * s, sec + 8 * s);
     accumulate_512(acc, in + len - 64, sec + 192 - 64 - 7);
-    uint64_t result = len * P64_1;
-    for (int i = 0; i < 4; i++) result += fold64(acc[2 * i] ^ rd64(sec + 11 + 16 * i), acc[2 * i + 1] ^ rd64(sec + 11 + 16 * i + 8));
+    uint64_t result = len * PRIME64_1;
+    for (int i = 0; i < 4; i++) result += fold64(acc[2 * i] ^ read64(sec + 11 + 16 * i), acc[2 * i + 1] ^ read64(sec + 11 + 16 * i + 8));
     return avalanche(result);
 }
 
@@ -428,11 +392,7 @@ static PyObject *token_keys(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_OverflowError, "token_keys: a token id above 2^32 - 1");
             return NULL;
         }
-        uint32_t le = (uint32_t)v;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        le = __builtin_bswap32(le);
-#endif
-        memcpy(buf + 4 * i, &le, 4);
+        write32(buf + 4 * i, (uint32_t)v);
     }
     PyObject *out = chain(buf, 4 * block_size, parent, count);
     PyMem_Free(buf);

@@ -22,33 +22,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static inline uint64_t read64(const unsigned char *p) {
-    /* little-endian regardless of the host */
-    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24) |
-           ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
-}
-
-static inline uint32_t read32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
+#include "../xxhash_spec.h"
 
 static inline uint64_t xround(uint64_t acc, uint64_t input) {
-    acc += input * P2;
+    acc += input * PRIME64_2;
     acc = rotl64(acc, 31);
-    return acc * P1;
+    return acc * PRIME64_1;
 }
 
 static inline uint64_t merge(uint64_t acc, uint64_t val) {
     acc ^= xround(0, val);
-    return acc * P1 + P4;
+    return acc * PRIME64_1 + PRIME64_4;
 }
 
 static uint64_t xxh64(const unsigned char *p, size_t len, uint64_t seed) {
@@ -56,7 +40,7 @@ static uint64_t xxh64(const unsigned char *p, size_t len, uint64_t seed) {
     uint64_t h;
     if (len >= 32) {
         const unsigned char *limit = end - 32;
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+        uint64_t v1 = seed + PRIME64_1 + PRIME64_2, v2 = seed + PRIME64_2, v3 = seed, v4 = seed - PRIME64_1;
         do {
             v1 = xround(v1, read64(p));
             v2 = xround(v2, read64(p + 8));
@@ -70,28 +54,28 @@ static uint64_t xxh64(const unsigned char *p, size_t len, uint64_t seed) {
         h = merge(h, v3);
         h = merge(h, v4);
     } else {
-        h = seed + P5;
+        h = seed + PRIME64_5;
     }
     h += (uint64_t)len;
     while (p + 8 <= end) {
         h ^= xround(0, read64(p));
-        h = rotl64(h, 27) * P1 + P4;
+        h = rotl64(h, 27) * PRIME64_1 + PRIME64_4;
         p += 8;
     }
     if (p + 4 <= end) {
-        h ^= (uint64_t)read32(p) * P1;
-        h = rotl64(h, 23) * P2 + P3;
+        h ^= (uint64_t)read32(p) * PRIME64_1;
+        h = rotl64(h, 23) * PRIME64_2 + PRIME64_3;
         p += 4;
     }
     while (p < end) {
-        h ^= (uint64_t)(*p) * P5;
-        h = rotl64(h, 11) * P1;
+        h ^= (uint64_t)(*p) * PRIME64_5;
+        h = rotl64(h, 11) * PRIME64_1;
         p++;
     }
     h ^= h >> 33;
-    h *= P2;
+    h *= PRIME64_2;
     h ^= h >> 29;
-    h *= P3;
+    h *= PRIME64_3;
     h ^= h >> 32;
     return h;
 }
