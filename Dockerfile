@@ -24,21 +24,31 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['kube']))" > /tmp
 # The compiler for picker's C extension (picker/scheduling/_native.c: the scheduling hot path's inner loops), in
 # this stage only. Python's headers: the official image has them; Debian's python3.11 needs python3.11-dev.
 # Unpinned: the compiler does not reach the final image, and a pinned Debian version breaks when the mirror moves.
+# cargo-web: Debian's current Rust (bookworm's plain cargo is 1.63, older than native/front needs), for the ext_proc
+# port's native front.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && apt-get install -y --no-install-recommends gcc libc6-dev cargo-web \
  && if [ ! -f "$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
       apt-get install -y --no-install-recommends python3.11-dev; \
     fi \
  && rm -rf /var/lib/apt/lists/*
 
+# The native ext_proc front (HTTP/2 and gRPC off the GIL), crates from crates.io at Cargo.lock's versions; its own
+# layer, before picker's source, so a change to the Python does not rebuild it.
+COPY native/front ./native/front
+RUN cargo build --release --locked --manifest-path native/front/Cargo.toml \
+ && cp native/front/target/release/libpicker_front.so /src/_front.abi3.so \
+ && rm -rf native/front/target /root/.cargo/registry
+
 # Then picker itself (no dependency resolution: they are all in the layer above). The build fails if the
-# extension did not compile: the image must not fall back to the pure-Python path unnoticed.
+# extensions did not compile: the image must not fall back to the pure-Python path or grpc.aio unnoticed.
 COPY README.md setup.py ./
 COPY picker ./picker
-RUN pip install --no-cache-dir --no-deps . \
+RUN cp /src/_front.abi3.so picker/extproc/ \
+ && pip install --no-cache-dir --no-deps . \
  && python -m compileall -q /opt/venv \
- && python -P -c "from picker.scheduling import native; from picker.kvcache import index, keys; assert native.NATIVE and index.NATIVE and keys.NATIVE, 'C extension missing'" \
+ && python -P -c "from picker.scheduling import native; from picker.kvcache import index, keys; from picker.extproc import native as front; assert native.NATIVE and index.NATIVE and keys.NATIVE, 'C extension missing'; assert front.AVAILABLE, 'native front missing'" \
  && picker --version
 
 FROM ${PYTHON_IMAGE}

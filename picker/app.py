@@ -43,7 +43,7 @@ from picker.endpoints.model import EndpointSnapshot
 from picker.endpoints.peerload import PeerLoads
 from picker.endpoints.policy import PolicyStore
 from picker.endpoints.store import EndpointStore
-from picker.extproc import health, servicer, tls
+from picker.extproc import health, native, servicer, tls
 from picker.extproc.stream import StreamEnv
 from picker.kvcache.ingest import Ingestor
 from picker.kvevents import KVEventSubscriber, ServerTokenSource, SubscriberSettings
@@ -96,7 +96,7 @@ class Running:
     scheduler: Scheduler
     director: Director
     health: health.HealthServicer
-    extproc: servicer.ExtProcServicer
+    extproc: servicer.ExtProcServicer | native.NativeExtProc
     grpc_port: int
     health_port: int
     metrics_port: int | None  # None: the metrics HTTP server is off
@@ -254,6 +254,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="SIGTERM: wait at most this long for in-flight streams",
     )
+    add(
+        "--grpc-frontend",
+        choices=("auto", "native", "grpc"),
+        default=srv.grpc_frontend,
+        help="the ext_proc port's HTTP/2, TLS and gRPC: native (Rust, off the GIL), grpc (grpc.aio), auto (native "
+        "when it is built)",
+    )
     add("--v", type=int, default=None, help="verbosity as the reference (4: debug)")
     add("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level (wins over --v)")
     add("--zap-encoder", choices=("json", "console"), default="json", help="log format")
@@ -331,6 +338,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             tracing=reference.tracing,
             enable_pprof=reference.enable_pprof,
             health_checking=reference.health_checking,
+            grpc_frontend=args.grpc_frontend,
         ),
         scrape=dataclasses.replace(
             base.scrape, interval_s=args.refresh_metrics_interval, staleness_s=args.metrics_staleness_threshold
@@ -532,29 +540,57 @@ async def serving(
         ),
         tokens=precise.tokens if precise is not None else None,
     )
-    extproc = servicer.ExtProcServicer(StreamEnv(director=director, settings=server_settings, parser=config.parser))
+    env = StreamEnv(director=director, settings=server_settings, parser=config.parser)
     health_servicer = health.HealthServicer()
     if kube is not None and kube.leader_election:
         health_servicer.require_leader()  # before the health port opens: a standby is never ready, not even once
     _follow_store(store, health_servicer, inflight, scheduler)
 
     max_message = max(server_settings.max_body_bytes, server_settings.max_response_buffer_bytes)
-    grpc_server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_message + _MESSAGE_SLACK_BYTES),
-            ("grpc.max_send_message_length", max_message + _MESSAGE_SLACK_BYTES),
-            # a second picker on the same port must fail, not share it; --workers share it on purpose
-            ("grpc.so_reuseport", int(server_settings.reuse_port)),
-        ]
-    )
-    servicer.add_to_server(extproc, grpc_server)
-    # Health on the ext_proc port too (TLS as the port; the reference's --health-checking, on by default here): a
-    # gateway can health-check the very port it calls, as the reference's test Envoy config does; the plaintext
-    # health port stays for kubelet probes.
-    if server_settings.health_checking:
-        health.add_to_server(health_servicer, grpc_server)
     address = _address(server_settings.host, server_settings.grpc_port)
-    grpc_port = _bind(grpc_server, address, credentials)
+    grpc_server: grpc.aio.Server | None = None
+    front: native.NativeExtProc | None = None
+    extproc: servicer.ExtProcServicer | native.NativeExtProc
+    if _native_frontend(server_settings):
+        try:
+            front = native.NativeExtProc(
+                env,
+                server_settings.host,
+                server_settings.grpc_port,
+                reuse_port=server_settings.reuse_port,
+                max_message=max_message + _MESSAGE_SLACK_BYTES,
+                # Health on the ext_proc port too (see below)
+                health_servicer=health_servicer if server_settings.health_checking else None,
+                cert_pem=certificate.cert_pem if certificate is not None else None,
+                key_pem=certificate.key_pem if certificate is not None else None,
+                client_ca_pem=cert_files.client_ca
+                if cert_files is not None
+                else tls.load_client_ca(server_settings.client_ca_file)
+                if certificate is not None and server_settings.client_ca_file
+                else None,
+                reload=cert_files.fetch_pem if cert_files is not None else None,
+            )
+        except OSError as exc:
+            raise errors.ConfigError(f"cannot listen on {address}: {exc}") from exc
+        extproc = front
+        grpc_port = front.port
+    else:
+        extproc = servicer.ExtProcServicer(env)
+        grpc_server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message + _MESSAGE_SLACK_BYTES),
+                ("grpc.max_send_message_length", max_message + _MESSAGE_SLACK_BYTES),
+                # a second picker on the same port must fail, not share it; --workers share it on purpose
+                ("grpc.so_reuseport", int(server_settings.reuse_port)),
+            ]
+        )
+        servicer.add_to_server(extproc, grpc_server)
+        # Health on the ext_proc port too (TLS as the port; the reference's --health-checking, on by default
+        # here): a gateway can health-check the very port it calls, as the reference's test Envoy config does;
+        # the plaintext health port stays for kubelet probes.
+        if server_settings.health_checking:
+            health.add_to_server(health_servicer, grpc_server)
+        grpc_port = _bind(grpc_server, address, credentials)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", int(server_settings.reuse_port))])
     health.add_to_server(health_servicer, health_server)
     health_port = _bind(health_server, _address(server_settings.host, server_settings.health_port), None)
@@ -590,7 +626,11 @@ async def serving(
             *metrics_authorizer(server_settings, kube),
             pprof_routes=server_settings.enable_pprof,
         )
-        await grpc_server.start()
+        if front is not None:
+            front.start()
+        else:
+            assert grpc_server is not None
+            await grpc_server.start()
         running = Running(
             settings=settings,
             store=store,
@@ -653,13 +693,19 @@ async def serving(
         finally:
             await running.begin_shutdown()
             # Refuse new streams; give in-flight ones the termination grace to finish.
-            await grpc_server.stop(server_settings.termination_grace_s)
+            if front is not None:
+                await front.stop(server_settings.termination_grace_s)
+            elif grpc_server is not None:
+                await grpc_server.stop(server_settings.termination_grace_s)
             running.supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running.supervisor
     finally:
         health_servicer.drain()
-        await grpc_server.stop(0)
+        if front is not None:
+            await front.stop(0)
+        elif grpc_server is not None:
+            await grpc_server.stop(0)
         await health_server.stop(0)
         if peer_node is not None:
             await peer_node.stop()
@@ -757,6 +803,19 @@ def _tls(
     pair = tls.load_pair(srv.cert_path) if srv.cert_path else tls.self_signed((srv.host, os.environ.get("POD_IP", "")))
     client_ca = tls.load_client_ca(srv.client_ca_file) if srv.client_ca_file else None
     return pair, None, tls.server_credentials(pair, client_ca)
+
+
+def _native_frontend(srv: ServerSettings) -> bool:
+    """Serve ext_proc on the native front (``--grpc-frontend``)?"""
+    if srv.grpc_frontend == "grpc":
+        return False
+    if native.AVAILABLE:
+        return True
+    reason = "picker.extproc._front is not built (scripts/install.sh builds it when cargo is there)"
+    if srv.grpc_frontend == "native":
+        raise errors.ConfigError(f"--grpc-frontend=native: {reason}")
+    log.info("ext_proc served by grpc.aio", extra={"reason": reason})
+    return False
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -52,6 +52,9 @@ class ServerSettings:
     # /metrics on loopback only, for the supervisor to merge (picker/serve.py); a lone picker refuses a taken port
     reuse_port: bool = False
     metrics_host: str = ""  # "" : ``host``
+    # --grpc-frontend: who runs the ext_proc port's HTTP/2 and gRPC. native: picker.extproc._front (Rust, off the
+    # GIL); grpc: grpc.aio; auto: native when it is built
+    grpc_frontend: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)

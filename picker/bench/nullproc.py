@@ -2,8 +2,11 @@
 
 It does the least a correct FULL_DUPLEX_STREAMED endpoint picker must: waits for the end of the body, answers
 the headers with a fixed destination, and streams the body back. Run as ``python -m picker.bench.nullproc PORT
-[PROCS]``: PROCS processes on the one port (gRPC sets SO_REUSEPORT; the kernel spreads the connections), as
+[PROCS] [--native]``: PROCS processes on the one port (SO_REUSEPORT; the kernel spreads the connections), as
 ``picker serve --workers`` does, so the benchmark can tell what a second process costs gRPC itself.
+
+``--native`` serves on picker's native front (picker.extproc._front) instead of grpc.aio, with the same answers:
+the floor for picker on that front, so the benchmark can tell picker's own Python from the front's cost.
 """
 
 from __future__ import annotations
@@ -62,6 +65,52 @@ def _headers_response() -> pb.ProcessingResponse:
     )
 
 
+def _answers(kind: str | None, req: pb.ProcessingRequest, chunks: list[bytes]) -> list[pb.ProcessingResponse]:
+    """NullProcessor's answers to one message, for the native front (which has no async generator to yield from)."""
+    if kind == "request_headers" and req.request_headers.end_of_stream:
+        return [_headers_response()]
+    if kind != "request_body":
+        return []
+    chunks.append(req.request_body.body)
+    if not req.request_body.end_of_stream:
+        return []
+    body = [
+        pb.ProcessingResponse(
+            request_body=pb.BodyResponse(
+                response=pb.CommonResponse(
+                    body_mutation=pb.BodyMutation(
+                        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=i == len(chunks) - 1)
+                    )
+                )
+            )
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+    return [_headers_response(), *body]
+
+
+async def serve_native(port: int, reuse_port: bool) -> None:
+    from picker.extproc import _front  # type: ignore[attr-defined]
+
+    front = _front.Front("127.0.0.1", port, reuse_port=reuse_port, max_message=64 * 1024 * 1024, health=False)
+    streams: dict[int, list[bytes]] = {}
+
+    def on_ready() -> None:
+        for stream_id, kind, payload in front.drain():
+            if kind == _front.MESSAGE:
+                req = pb.ProcessingRequest.FromString(payload)
+                out = _answers(req.WhichOneof("request"), req, streams.setdefault(stream_id, []))
+                if out:
+                    front.send(stream_id, [r.SerializeToString() for r in out])
+            else:  # half-closed (end the call) or gone
+                streams.pop(stream_id, None)
+                if kind == _front.END:
+                    front.send(stream_id, [], True)
+
+    asyncio.get_running_loop().add_reader(front.fileno(), on_ready)
+    await asyncio.Event().wait()
+
+
 async def serve(port: int) -> None:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
     pb_grpc.add_ExternalProcessorServicer_to_server(NullProcessor(), server)
@@ -70,20 +119,23 @@ async def serve(port: int) -> None:
     await server.wait_for_termination()
 
 
-def _serve_forever(port: int) -> None:
-    asyncio.run(serve(port))
+def _serve_forever(port: int, native: bool = False, reuse_port: bool = False) -> None:
+    asyncio.run(serve_native(port, reuse_port) if native else serve(port))
 
 
 def main(argv: list[str]) -> None:
+    native = "--native" in argv
+    argv = [a for a in argv if a != "--native"]
     port = int(argv[0])
     procs = int(argv[1]) if len(argv) > 1 else 1
     spawn = multiprocessing.get_context("spawn")
-    others = [spawn.Process(target=_serve_forever, args=(port,), daemon=True) for _ in range(procs - 1)]
+    reuse = procs > 1
+    others = [spawn.Process(target=_serve_forever, args=(port, native, reuse), daemon=True) for _ in range(procs - 1)]
     for p in others:
         p.start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the others are stopped below
     try:
-        _serve_forever(port)
+        _serve_forever(port, native, reuse)
     finally:
         for p in others:
             p.terminate()

@@ -99,7 +99,7 @@ _WORDS = [
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    server: str  # "picker" or "do-nothing"
+    server: str  # "picker" (the native front), "picker/grpc", "do-nothing" (grpc.aio) or "do-nothing/native"
     workers: int  # picker's --workers; the do-nothing server's processes on the one port
     endpoints: int
     prompt_bytes: int
@@ -182,6 +182,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--picker-args", default="", metavar="ARGS", help="more `picker serve` flags, one string (shell words)"
     )
+    parser.add_argument(
+        "--fronts",
+        default="native",
+        help="ext_proc fronts to measure (comma list of native, grpc): picker with --grpc-frontend each, and with "
+        "native the do-nothing server on the native front too; the reference stays the grpc.aio do-nothing server",
+    )
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON here")
     parser.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
 
@@ -226,10 +232,15 @@ async def _size_round(
     picker configuration."""
     rows: list[Row] = []
     bodies = prompt_bodies(size)
-    for processes in worker_counts:
-        cmd = [sys.executable, "-m", "picker.bench.nullproc", "{port}", str(processes)]
-        async with _server(cmd, settle_s=0.5 if processes == 1 else 2.0) as served:  # the others: spawn, import
-            rows.append(await _measure("do-nothing", processes, 0, size, served, bodies, args, round_))
+    fronts = [f.strip() for f in args.fronts.split(",") if f.strip()]
+    nulls: list[tuple[str, list[str]]] = [("do-nothing", [])] + (
+        [("do-nothing/native", ["--native"])] if "native" in fronts else []
+    )
+    for name, flags in nulls:
+        for processes in worker_counts:
+            cmd = [sys.executable, "-m", "picker.bench.nullproc", "{port}", str(processes), *flags]
+            async with _server(cmd, settle_s=0.5 if processes == 1 else 2.0) as served:  # others: spawn, import
+                rows.append(await _measure(name, processes, 0, size, served, bodies, args, round_))
     for count in counts:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(
@@ -268,10 +279,13 @@ async def _size_round(
             cmd += ["--prefilter-endpoints", str(args.prefilter)]
         cmd += shlex.split(args.picker_args)
         try:
-            for workers in worker_counts:
-                settle_s = 1.0 + count / 200 + (2.0 if workers > 1 else 0.0)  # workers: spawn, peer links
-                async with _server([*cmd, "--workers", str(workers)], settle_s=settle_s) as served:
-                    rows.append(await _measure("picker", workers, count, size, served, bodies, args, round_))
+            for front in fronts:
+                name = "picker" if front == "native" else f"picker/{front}"
+                for workers in worker_counts:
+                    settle_s = 1.0 + count / 200 + (2.0 if workers > 1 else 0.0)  # workers: spawn, peer links
+                    picker_cmd = [*cmd, "--workers", str(workers), "--grpc-frontend", front]
+                    async with _server(picker_cmd, settle_s=settle_s) as served:
+                        rows.append(await _measure(name, workers, count, size, served, bodies, args, round_))
         finally:
             os.unlink(f.name)
     return rows
@@ -557,9 +571,10 @@ def summarize(rows: list[Row]) -> list[Summary]:
     """One summary per configuration, in first-measured order: medians over rounds. Every ratio is taken within
     each round (the two rates measured minutes apart at most, on the same state of a shared machine), then its
     median: against the do-nothing server, against the fewest endpoints, against one worker."""
-    rate = {(r.round, r.server, r.workers, r.endpoints, r.prompt_bytes): r.rps for r in rows if r.server == "picker"}
-    rate |= {(r.round, r.server, r.workers, 0, r.prompt_bytes): r.rps for r in rows if r.server == "do-nothing"}
-    least = min((r.endpoints for r in rows if r.server == "picker"), default=0)
+    rate = {
+        (r.round, r.server, r.workers, r.endpoints if _is_picker(r.server) else 0, r.prompt_bytes): r.rps for r in rows
+    }
+    least = min((r.endpoints for r in rows if _is_picker(r.server)), default=0)
     groups: dict[tuple[str, int, int, int], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.server, r.workers, r.endpoints, r.prompt_bytes), []).append(r)
@@ -574,10 +589,10 @@ def summarize(rows: list[Row]) -> list[Summary]:
 
     out = []
     for (server, workers, endpoints, size), group in groups.items():
-        picker = server == "picker"
-        # Against one do-nothing process (the goal's measure); for the do-nothing server's own processes too.
-        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if picker or workers > 1 else []
-        cost = ratios(group, ("picker", workers, least, size), inverse=True) if picker else []
+        picker = _is_picker(server)
+        # Against one grpc.aio do-nothing process (the goal's measure); for every other server too.
+        vs_null = ratios(group, ("do-nothing", 1, 0, size)) if (server, workers) != ("do-nothing", 1) else []
+        cost = ratios(group, (server, workers, least, size), inverse=True) if picker else []
         vs_one = ratios(group, (server, 1, endpoints if picker else 0, size)) if workers > 1 else []
         out.append(
             Summary(
@@ -601,16 +616,20 @@ def summarize(rows: list[Row]) -> list[Summary]:
     return out
 
 
+def _is_picker(server: str) -> bool:
+    return server.startswith("picker")
+
+
 def _print_table(rows: list[Summary]) -> None:
     head = (
-        f"{'server':<11}{'workers':>8}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'(range)':>12}"
+        f"{'server':<18}{'workers':>8}{'endpoints':>10}{'prompt':>10}{'req/s':>9}{'vs null':>9}{'(range)':>12}"
         f"{'cost vs min eps':>16}{'vs 1 worker':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>11}{'client':>8}"
         f"{'errors':>8}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
-        picker = r.server == "picker"
+        picker = _is_picker(r.server)
         share = f"{r.vs_null:.0%}" if r.vs_null is not None else ""
         spread = (
             f"{r.vs_null_range[0]:.0%}-{r.vs_null_range[1]:.0%}" if r.vs_null_range is not None and r.rounds > 1 else ""
@@ -619,7 +638,7 @@ def _print_table(rows: list[Summary]) -> None:
         scale = f"{r.vs_one_worker:.2f}x" if r.vs_one_worker is not None else ""
         eps = str(r.endpoints) if picker else "-"
         print(
-            f"{r.server:<11}{r.workers:>8}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{spread:>12}"
+            f"{r.server:<18}{r.workers:>8}{eps:>10}{_size(r.prompt_bytes):>10}{r.rps:>9.0f}{share:>9}{spread:>12}"
             f"{cost:>16}{scale:>12}{r.decision_p50_ms:>9.2f}{r.decision_p99_ms:>9.2f}{r.cpu_ms_per_request:>11.2f}"
             f"{r.client_cpu_ms_per_request:>8.2f}{r.errors:>8}"
         )
@@ -644,12 +663,20 @@ def _plot(rows: list[Summary], path: str) -> None:
         f"{_size(r.prompt_bytes)}"
         for r in rows
     ]
-    colors = ["#888" if r.server != "picker" else ("#2a7" if r.workers == 1 else "#17a") for r in rows]
+
+    def color(r: Summary) -> str:
+        if not _is_picker(r.server):
+            return "#888"
+        if r.server != "picker":
+            return "#b9b"  # picker on another front
+        return "#2a7" if r.workers == 1 else "#17a"
+
+    colors = [color(r) for r in rows]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5.5))
     # The rate as a share of the do-nothing server's in the same round: absolute rates move with the machine.
     ax1.bar(labels, [100 * r.vs_null if r.vs_null is not None else 100 for r in rows], color=colors)
     ax1.axhline(90, color="#c63", linestyle="--", linewidth=1, label="issue 13 goal (one worker, 16 endpoints)")
-    ax1.set_ylabel("rate, % of the do-nothing server's (median of rounds)")
+    ax1.set_ylabel("rate, % of the grpc.aio do-nothing server's (median of rounds)")
     ax1.legend(fontsize=8)
     ax2.bar(labels, [r.decision_p99_ms for r in rows], color="#c63", label="p99")
     ax2.bar(labels, [r.decision_p50_ms for r in rows], color="#27a", label="p50")

@@ -15,7 +15,7 @@ leadership (``set_leader``): a standby keeps its endpoints warm but is not ready
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,6 +38,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         self._needs_leader = False
         self._leader = False
         self._changed = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def ready(self) -> bool:
@@ -74,9 +75,15 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             return SERVING if self.ready else NOT_SERVING
         return SERVICE_UNKNOWN
 
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change (the native front keeps its own table of the statuses)."""
+        self._listeners.append(listener)
+
     def _notify(self) -> None:
         old, self._changed = self._changed, asyncio.Event()
         old.set()
+        for listener in self._listeners:
+            listener()
 
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext

@@ -136,8 +136,9 @@ def server_credentials(pair: CertificatePair, client_ca: bytes | None = None) ->
 class CertificateFiles:
     """``--cert-path`` (and ``--client-ca-file``) served with reload on change: ``credentials()`` for the port.
 
-    ``fetch`` runs on a gRPC core thread at every handshake, so it only compares file stats (at most once per
-    ``check_interval_s``) and reads the files when they changed; a lock keeps two handshakes from reloading at once.
+    ``fetch`` (``fetch_pem`` for the native front) runs on a gRPC core (or front) thread at every handshake, so it
+    only compares file stats (at most once per ``check_interval_s``) and reads the files when they changed; a lock
+    keeps two handshakes from reloading at once.
     """
 
     def __init__(
@@ -187,24 +188,32 @@ class CertificateFiles:
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """The configuration to use from this handshake on, or None to keep the current one."""
+        return self._configuration() if self._reloaded() else None
+
+    def fetch_pem(self) -> tuple[bytes, bytes, bytes | None] | None:
+        """``fetch`` for the native front (which asks before each handshake): (cert, key, client CA) PEM or None."""
+        return (self.pair.cert_pem, self.pair.key_pem, self.client_ca) if self._reloaded() else None
+
+    def _reloaded(self) -> bool:
+        """Did the files change into a valid new pair (now in ``pair`` and ``client_ca``)?"""
         now = self._clock()
         if now - self._checked_at < self._check_interval_s or not self._lock.acquire(blocking=False):
-            return None
+            return False
         try:
             self._checked_at = now
             stamp = self._stat()
             if stamp == self._stamp or stamp == self._bad_stamp:
-                return None
+                return False
             try:
                 pair = load_pair(self.cert_dir)
                 client_ca = load_client_ca(self.client_ca_file) if self.client_ca_file else None
             except errors.ConfigError as exc:
                 self._bad_stamp = stamp  # logged once per bad state of the files, retried when they change
                 log.warning("TLS files changed but do not load; keeping the previous certificate: %s", exc)
-                return None
+                return False
             self.pair, self.client_ca, self._stamp, self._bad_stamp = pair, client_ca, stamp, None
             self.reloads += 1
             log.info("TLS certificate reloaded", extra={"cert_path": self.cert_dir})
-            return self._configuration()
+            return True
         finally:
             self._lock.release()

@@ -71,16 +71,23 @@ def test_summary_compares_endpoints_and_workers_within_each_round() -> None:
     assert by_config[1, 16].vs_one_worker is None
 
 
-@pytest.mark.parametrize(("client", "rounds"), [("go", 2), ("python", 1)])
-def test_a_short_run_measures_both_servers(
-    client: str, rounds: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("client", "rounds", "fronts", "servers"),
+    [
+        ("go", 2, "native,grpc", ("do-nothing", "do-nothing/native", "picker", "picker/grpc")),
+        ("python", 1, "native", ("do-nothing", "do-nothing/native", "picker")),
+        ("go", 1, "grpc", ("do-nothing", "picker/grpc")),
+    ],
+)
+def test_a_short_run_measures_every_server(
+    client: str, rounds: int, fronts: str, servers: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "overhead.json"
-    argv = ["bench", "overhead", "--endpoints", "2", "--sizes", "512", "--duration", "0.5"]
+    argv = ["bench", "overhead", "--endpoints", "2", "--sizes", "512", "--duration", "0.5", "--fronts", fronts]
     argv += ["--latency-requests", "20", "--concurrency", "4", "--connections", "2", "--repeat", str(rounds)]
     assert cli.main([*argv, "--client", client, "--json", str(out)]) == 0
     rows = [Row(**r) for r in json.loads(out.read_text())]
-    expected = [(server, n) for n in range(rounds) for server in ("do-nothing", "picker")]
+    expected = [(server, n) for n in range(rounds) for server in servers]
     assert [(r.server, r.round) for r in rows] == expected
     for r in rows:
         assert r.errors == 0
@@ -89,7 +96,7 @@ def test_a_short_run_measures_both_servers(
         assert r.client_cpu_ms_per_request > 0
     table = capsys.readouterr().out
     assert f"throughput client: {client}; {rounds} round(s)" in table
-    assert sum(line.startswith("picker") for line in table.splitlines()) == 1
+    assert sum(line.startswith("picker") for line in table.splitlines()) == sum(s.startswith("picker") for s in servers)
 
 
 def test_the_go_client_counts_an_immediate_response_as_a_failure(tmp_path: Path) -> None:

@@ -157,7 +157,16 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     lines = [x for x in (REPO / ".dockerignore").read_text().splitlines() if x and not x.startswith("#")]
     assert lines[0] == "*"
     allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
-    assert allowed == {"pyproject.toml", "constraints.txt", "README.md", "setup.py", "picker"}
+    assert allowed == {
+        "pyproject.toml",
+        "constraints.txt",
+        "README.md",
+        "setup.py",
+        "picker",
+        "native/front/Cargo.toml",
+        "native/front/Cargo.lock",
+        "native/front/src",
+    }
     assert all((REPO / path).exists() for path in allowed)
     assert "**/*.so" in lines  # a locally built extension stays out: the image compiles its own
 

@@ -1,10 +1,17 @@
-"""Fixtures for the protocol tests: a real picker (grpc.aio on 127.0.0.1, ephemeral ports) over a static store."""
+"""Fixtures for the protocol tests: a real picker (127.0.0.1, ephemeral ports) over a static store.
+
+Every test here runs twice, once per ext_proc front (``--grpc-frontend``): the native one (picker.extproc.native,
+the default where it is built) and grpc.aio. The protocol is the same code behind both; the fronts must not differ.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Iterable
+
+import pytest
 
 from picker.app import Running, serving
 from picker.endpoints.model import Endpoint
@@ -15,6 +22,18 @@ from tests.scheduling.helpers import INTEGRATION
 
 # The reference integration tests' scheduler: queue, KV, prefix and LoRA scorers, weight 1 each.
 REFERENCE_CONFIG = INTEGRATION
+
+
+FRONTENDS = ("native", "grpc")
+_FRONTEND_ENV = "PICKER_TEST_GRPC_FRONTEND"
+
+
+@pytest.fixture(autouse=True, params=FRONTENDS)
+def grpc_frontend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ext_proc front ``settings()`` selects for this test."""
+    frontend = str(request.param)
+    monkeypatch.setenv(_FRONTEND_ENV, frontend)
+    return frontend
 
 
 def make_store(endpoints: Iterable[Endpoint], *, synced: bool = True) -> EndpointStore:
@@ -31,6 +50,7 @@ def settings(**server: object) -> Settings:
         metrics_port=0,
         secure_serving=False,
         termination_grace_s=2.0,
+        grpc_frontend=os.environ.get(_FRONTEND_ENV, "auto"),
     )
     return Settings(server=dataclasses.replace(base, **server), config_text=REFERENCE_CONFIG)  # type: ignore[arg-type]
 
