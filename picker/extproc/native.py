@@ -47,12 +47,13 @@ _INVALID_ARGUMENT, _INTERNAL = 3, 13
 
 
 class _Call:
-    __slots__ = ("backlog", "busy", "stream")
+    __slots__ = ("backlog", "busy", "stream", "task")
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.busy = False  # a message's handling suspended: later events wait in the backlog
         self.backlog: deque[tuple[int, bytes | None]] = deque()
+        self.task: asyncio.Task[None] | None = None  # the suspended handling
 
 
 class _Resume:
@@ -138,7 +139,9 @@ class NativeExtProc:
         if grace_s > 0 and self._calls:
             await asyncio.to_thread(self._front.wait_stopped, grace_s)
         self._stopped = True
-        for stream_id in list(self._calls):
+        for stream_id, call in list(self._calls.items()):
+            if call.task is not None:
+                call.task.cancel()
             self._forget(stream_id)
         await asyncio.to_thread(self._front.terminate)
         if self._loop is not None:
@@ -161,7 +164,10 @@ class NativeExtProc:
                     continue
                 call = calls[stream_id] = _Call(Stream(self.env))
             if call.busy:
-                call.backlog.append((kind, payload))
+                if kind == _GONE and call.task is not None:
+                    call.task.cancel()  # as grpc.aio cancels a call's handler: a queued request leaves its queue
+                else:
+                    call.backlog.append((kind, payload))
             else:
                 self._event(stream_id, call, kind, payload)
 
@@ -196,16 +202,19 @@ class NativeExtProc:
             return
         call.busy = True
         assert self._loop is not None
-        self._loop.create_task(self._resume(stream_id, call, _Resume(coro, waiting)), context=context)
+        call.task = self._loop.create_task(self._resume(stream_id, call, _Resume(coro, waiting)), context=context)
 
     async def _resume(self, stream_id: int, call: _Call, rest: _Resume) -> None:
         try:
             out = await rest
+        except asyncio.CancelledError:  # the call is gone (or picker is stopping)
+            self._forget(stream_id)
+            return
         except Exception:
-            call.busy = False
+            call.busy, call.task = False, None
             self._fail(stream_id, call)
             return
-        call.busy = False
+        call.busy, call.task = False, None
         self._answer(stream_id, call, out)
         while call.backlog and not call.busy and stream_id in self._calls:
             kind, payload = call.backlog.popleft()

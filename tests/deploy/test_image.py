@@ -161,6 +161,7 @@ async def test_picker_in_the_image_routes(container: str, certs: tuple[Path, byt
             "--endpoints", ",".join(b.hostport for b in backends), "--host", "127.0.0.1",
             "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port), "--metrics-port", str(metrics_port),
             "--refresh-metrics-interval", "50ms", "--config-text", QUEUE_ONLY,
+            "--grpc-frontend", "native",  # the image's own build of the native front, not a fallback
         ) as proc:  # fmt: skip
             await wait_http(f"http://127.0.0.1:{metrics_port}/metrics", 60.0, proc)
             await asyncio.sleep(0.3)  # a few scrapes: picker has seen both queues

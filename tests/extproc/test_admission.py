@@ -132,3 +132,27 @@ async def test_flow_control_dispatches_when_the_pool_frees_up() -> None:
         assert out.status is None
         assert out.destination == P1
         assert len(controller.queue) == 0
+
+
+async def test_a_queued_request_whose_client_goes_away_leaves_the_queue() -> None:
+    gw_cls = GATEWAYS[0]
+    store = make_store(pods(SATURATED, updated_at=time.monotonic()))
+    async with stack(gw_cls, store, clock=time.monotonic, config_text=FLOW_CONFIG % "60s") as (gw, running):
+        controller = running.director.admitter
+        assert isinstance(controller, FlowController)
+        pending = asyncio.create_task(gw.request(CRITICAL, [BODY]))
+        for _ in range(500):  # bounded: until the request is queued (or the stream failed)
+            if len(controller.queue) or pending.done():
+                break
+            await asyncio.sleep(0.01)
+        assert len(controller.queue) == 1
+        pending.cancel()  # the client resets its stream
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+        for _ in range(500):
+            if not len(controller.queue) and running.extproc.active == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert len(controller.queue) == 0
+        assert running.extproc.active == 0
+        assert running.inflight.open_leases == 0
