@@ -33,25 +33,8 @@ class NullProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         chunks: list[bytes] = []
         async for req in request_iterator:
-            kind = req.WhichOneof("request")
-            if kind == "request_headers" and req.request_headers.end_of_stream:
-                yield _headers_response()
-            elif kind == "request_body":
-                chunks.append(req.request_body.body)
-                if req.request_body.end_of_stream:
-                    yield _headers_response()
-                    for i, chunk in enumerate(chunks):
-                        yield pb.ProcessingResponse(
-                            request_body=pb.BodyResponse(
-                                response=pb.CommonResponse(
-                                    body_mutation=pb.BodyMutation(
-                                        streamed_response=pb.StreamedBodyResponse(
-                                            body=chunk, end_of_stream=i == len(chunks) - 1
-                                        )
-                                    )
-                                )
-                            )
-                        )
+            for answer in _answers(req.WhichOneof("request"), req, chunks):
+                yield answer
 
 
 def _headers_response() -> pb.ProcessingResponse:
@@ -66,7 +49,7 @@ def _headers_response() -> pb.ProcessingResponse:
 
 
 def _answers(kind: str | None, req: pb.ProcessingRequest, chunks: list[bytes]) -> list[pb.ProcessingResponse]:
-    """NullProcessor's answers to one message, for the native front (which has no async generator to yield from)."""
+    """The answers to one message: none until the body ends, then the routing headers and the body back."""
     if kind == "request_headers" and req.request_headers.end_of_stream:
         return [_headers_response()]
     if kind != "request_body":

@@ -136,3 +136,39 @@ def test_native_asked_for_but_not_built_is_a_config_error(monkeypatch: pytest.Mo
 def test_the_native_front_is_built_here() -> None:
     """scripts/install.sh builds it wherever cargo is (CI included): the native runs above must not fall back."""
     assert native.AVAILABLE
+
+
+async def test_the_native_front_queues_a_bounded_amount_when_python_falls_behind() -> None:
+    """Python drains nothing for a while: the front stops reading (64 MiB queued at most here) and HTTP/2 flow
+    control holds the client back; once Python drains, the rest arrives."""
+    from picker.extproc import _front  # type: ignore[attr-defined]
+
+    front = _front.Front("127.0.0.1", 0, max_message=2 << 20, health=False)
+    message, count = b"x" * (1 << 20), 160
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            call = channel.stream_stream(PROCESS, request_serializer=None, response_deserializer=None)()
+            sent = 0
+
+            async def write_all() -> None:
+                nonlocal sent
+                for _ in range(count):
+                    await call.write(message)
+                    sent += 1
+
+            writer = asyncio.create_task(write_all())
+            await asyncio.sleep(2.0)
+            first = [len(p) for _, kind, p in front.drain() if kind == _front.MESSAGE]
+            assert 0 < sum(first) <= 64 << 20
+            assert not writer.done()  # held back, not buffered without limit
+            assert sent < count
+            received = len(first)
+            async with asyncio.timeout(30):
+                while received < count:
+                    await asyncio.sleep(0.02)
+                    received += sum(kind == _front.MESSAGE for _, kind, _ in front.drain())
+                await writer
+            assert received == count
+            call.cancel()
+    finally:
+        await asyncio.to_thread(front.terminate)

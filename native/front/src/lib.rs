@@ -39,6 +39,11 @@ const GONE: u8 = 2; // the call is over (answered, cancelled or reset): forget t
 const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 const HEALTH_SERVICE_UNKNOWN: i32 = 3;
 
+/// The queue's byte bound: room for a few of the largest messages, and 64 MiB at least.
+fn queued_limit(max_message: usize) -> usize {
+    max_message.saturating_mul(4).clamp(64 << 20, (u32::MAX >> 4) as usize)
+}
+
 type Reply = Result<Bytes, Status>;
 type Event = (u64, u8, Option<Bytes>);
 
@@ -49,6 +54,10 @@ struct Shared {
     next_id: AtomicU64,
     health: watch::Sender<HashMap<String, i32>>,
     max_message: usize,
+    /// Bytes of messages queued for Python and not yet drained, bounded: when Python falls behind, the readers
+    /// wait, and HTTP/2 flow control pushes back on the clients instead of the queue growing without limit.
+    queued_budget: tokio::sync::Semaphore,
+    queued_limit: usize,
 }
 
 impl Shared {
@@ -70,11 +79,13 @@ impl Shared {
 
 impl Shared {
     /// `push`, unless Python already ended the call (its later messages have no one to go to).
-    fn push_open(&self, id: u64, kind: u8, payload: Option<Bytes>) {
+    fn push_open(&self, id: u64, kind: u8, payload: Option<Bytes>) -> bool {
         let streams = self.streams.lock().unwrap();
-        if streams.contains_key(&id) {
+        let open = streams.contains_key(&id);
+        if open {
             self.push(id, kind, payload);
         }
+        open
     }
 }
 
@@ -178,7 +189,16 @@ impl StreamingService<Bytes> for ProcessMethod {
                     tokio::select! {
                         _ = &mut stop_rx => break,
                         item = inbound.message() => match item {
-                            Ok(Some(message)) => reader.push_open(id, MESSAGE, Some(message)),
+                            Ok(Some(message)) => {
+                                let need = message.len().clamp(1, reader.queued_limit) as u32;
+                                match reader.queued_budget.acquire_many(need).await {
+                                    Ok(permit) => permit.forget(),
+                                    Err(_) => break,
+                                }
+                                if !reader.push_open(id, MESSAGE, Some(message)) {
+                                    reader.queued_budget.add_permits(need as usize);
+                                }
+                            }
                             Ok(None) => { reader.push_open(id, END, None); break; }
                             Err(_) => { reader.push_open(id, GONE, None); break; }
                         }
@@ -607,6 +627,8 @@ impl Front {
             next_id: AtomicU64::new(1),
             health: health_tx,
             max_message,
+            queued_budget: tokio::sync::Semaphore::new(queued_limit(max_message)),
+            queued_limit: queued_limit(max_message),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
@@ -713,6 +735,12 @@ impl Front {
         let mut counter = 0u64;
         unsafe { libc::read(self.shared.event_fd, &mut counter as *mut u64 as *mut libc::c_void, 8) };
         let events = std::mem::take(&mut *self.shared.inbox.lock().unwrap());
+        let drained: usize = events
+            .iter()
+            .filter(|(_, kind, _)| *kind == MESSAGE)
+            .map(|(_, _, payload)| payload.as_ref().map_or(0, |b| b.len()).clamp(1, self.shared.queued_limit))
+            .sum();
+        self.shared.queued_budget.add_permits(drained);
         let list = PyList::empty(py);
         for (id, kind, payload) in events {
             let payload: PyObject = match payload {
