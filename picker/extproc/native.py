@@ -20,6 +20,7 @@ ext_proc) and channelz. ``--grpc-frontend grpc`` keeps grpc.aio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 from collections import deque
@@ -42,8 +43,9 @@ __all__ = ["AVAILABLE", "NativeExtProc"]
 log = logging.getLogger(__name__)
 
 AVAILABLE = _front is not None
-_MESSAGE, _END, _GONE = 0, 1, 2
+_MESSAGE, _END, _GONE, _STOPPED = 0, 1, 2, 3
 _INVALID_ARGUMENT, _INTERNAL = 3, 13
+_ABORT_FLUSH_S = 0.1
 
 
 class _Call:
@@ -118,6 +120,7 @@ class NativeExtProc:
         self._health = health_servicer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
+        self._server_done = asyncio.Event()  # after begin_stop: every connection closed
 
     @property
     def active(self) -> int:
@@ -136,14 +139,20 @@ class NativeExtProc:
         if self._stopped:
             return
         self._front.begin_stop()
-        if grace_s > 0 and self._calls:
-            await asyncio.to_thread(self._front.wait_stopped, grace_s)
+        # The front says when every connection has closed (their calls answered and flushed) with an event, so
+        # stopping starts no thread (a thread left behind makes a later fork of this process unsafe, as
+        # subprocess's preexec_fn does).
+        if grace_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server_done.wait(), grace_s)
         self._stopped = True
         for stream_id, call in list(self._calls.items()):
             if call.task is not None:
                 call.task.cancel()
             self._forget(stream_id)
-        await asyncio.to_thread(self._front.terminate)
+        if self._front.abort_all():
+            await asyncio.sleep(_ABORT_FLUSH_S)  # the front's thread sends the UNAVAILABLE answers
+        self._front.terminate()
         if self._loop is not None:
             self._loop.remove_reader(self._front.fileno())
 
@@ -156,6 +165,9 @@ class NativeExtProc:
     def _on_ready(self) -> None:
         calls = self._calls
         for stream_id, kind, payload in self._front.drain():
+            if kind == _STOPPED:
+                self._server_done.set()
+                continue
             call = calls.get(stream_id)
             if call is None:
                 if kind != _MESSAGE:

@@ -136,6 +136,10 @@ def test_native_asked_for_but_not_built_is_a_config_error(monkeypatch: pytest.Mo
 def test_the_native_front_is_built_here() -> None:
     """scripts/install.sh builds it wherever cargo is (CI included): the native runs above must not fall back."""
     assert native.AVAILABLE
+    from picker.extproc import _front  # type: ignore[attr-defined]
+
+    kinds = (_front.MESSAGE, _front.END, _front.GONE, _front.STOPPED)
+    assert kinds == (native._MESSAGE, native._END, native._GONE, native._STOPPED)
 
 
 async def test_the_native_front_queues_a_bounded_amount_when_python_falls_behind() -> None:
@@ -171,4 +175,4 @@ async def test_the_native_front_queues_a_bounded_amount_when_python_falls_behind
             assert received == count
             call.cancel()
     finally:
-        await asyncio.to_thread(front.terminate)
+        front.terminate()

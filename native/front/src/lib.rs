@@ -35,6 +35,7 @@ use tonic::{Code, Status};
 const MESSAGE: u8 = 0; // a ProcessingRequest's bytes
 const END: u8 = 1; // the client half-closed: no more messages
 const GONE: u8 = 2; // the call is over (answered, cancelled or reset): forget the stream
+const STOPPED: u8 = 3; // after `begin_stop`: every connection has closed (stream id 0)
 
 const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 const HEALTH_SERVICE_UNKNOWN: i32 = 3;
@@ -710,10 +711,12 @@ impl Front {
                 }
             }
         });
+        let server_shared = shared.clone();
         runtime.spawn(async move {
             let incoming = ReceiverStream::new(conn_rx);
             let _ = router.serve_with_incoming_shutdown(incoming, std::future::pending::<()>()).await;
             let _ = stopped_tx.send(());
+            server_shared.push(0, STOPPED, None);
         });
         Ok(Front {
             shared,
@@ -806,15 +809,22 @@ impl Front {
         !timed_out
     }
 
-    /// End every call still open with UNAVAILABLE and stop the threads. The object is spent afterwards.
-    fn terminate(&self, py: Python<'_>) {
-        self.begin_stop();
+    /// End every call still open with UNAVAILABLE (sent by the front's thread, which goes on until `terminate`).
+    /// Returns how many there were.
+    fn abort_all(&self) -> usize {
         let open: Vec<_> = self.shared.streams.lock().unwrap().drain().collect();
-        for (_, tx) in open {
+        for (_, tx) in &open {
             let _ = tx.send(Err(Status::unavailable("picker is shutting down")));
         }
+        open.len()
+    }
+
+    /// Stop the front's threads without waiting for them (nothing here blocks the caller). Spent afterwards.
+    fn terminate(&self) {
+        self.begin_stop();
+        self.abort_all();
         if let Some(runtime) = self.runtime.lock().unwrap().take() {
-            py.allow_threads(|| runtime.shutdown_timeout(Duration::from_millis(500)));
+            runtime.shutdown_background();
         }
     }
 }
@@ -825,5 +835,6 @@ fn _front(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MESSAGE", MESSAGE)?;
     m.add("END", END)?;
     m.add("GONE", GONE)?;
+    m.add("STOPPED", STOPPED)?;
     Ok(())
 }
