@@ -146,13 +146,19 @@ async def spawn(
 ) -> AsyncIterator[Child]:
     """Run ``argv`` for the duration of the block (output to a temporary file); always stopped on exit."""
     with tempfile.TemporaryFile(prefix=f"picker-{name}-") as log:
+        # setpriv (util-linux) sets the parent-death signal and execs: the same pid, and no Python run between
+        # fork and exec. A preexec_fn makes subprocess fork() instead of vfork(), which runs grpc's atfork
+        # handlers in the child, and a grpc poller restarted there aborted on descriptors closed before exec
+        # ("epoll_wait error: Bad file descriptor", simulators in the reliability tests).
+        setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+        command = [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" and not setpriv else None,
         )
         child = Child(name, argv, proc, log)
         if on_start is not None:
