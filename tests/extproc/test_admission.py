@@ -21,7 +21,7 @@ from picker.endpoints.policy import PolicyStore, policy_of
 from picker.endpoints.store import EndpointStore
 from tests.conftest import FakeClock, endpoint
 from tests.extproc.conftest import make_store, settings
-from tests.extproc.gateway import GATEWAYS, Gateway, gateway
+from tests.extproc.gateway import GATEWAYS, Gateway, Outcome, gateway
 
 P1 = "192.168.1.1:8000"
 HEADERS = {":method": "POST", ":path": "/v1/completions", "content-type": "application/json"}
@@ -114,10 +114,12 @@ async def test_flow_control_times_out_with_503() -> None:
         )
 
 
-async def test_flow_control_dispatches_when_the_pool_frees_up() -> None:
-    gw_cls = GATEWAYS[0]
-    store = make_store(pods(SATURATED, updated_at=time.monotonic()))
-    async with stack(gw_cls, store, clock=time.monotonic, config_text=FLOW_CONFIG % "60s") as (gw, running):
+@contextlib.asynccontextmanager
+async def one_queued(
+    store: EndpointStore,
+) -> AsyncIterator[tuple[Running, FlowController, asyncio.Task[Outcome]]]:
+    """A picker with flow control over a saturated pool, and one request waiting in its queue."""
+    async with stack(GATEWAYS[0], store, clock=time.monotonic, config_text=FLOW_CONFIG % "60s") as (gw, running):
         controller = running.director.admitter
         assert isinstance(controller, FlowController)
         pending = asyncio.create_task(gw.request(CRITICAL, [BODY]))
@@ -126,6 +128,12 @@ async def test_flow_control_dispatches_when_the_pool_frees_up() -> None:
                 break
             await asyncio.sleep(0.01)
         assert len(controller.queue) == 1
+        yield running, controller, pending
+
+
+async def test_flow_control_dispatches_when_the_pool_frees_up() -> None:
+    store = make_store(pods(SATURATED, updated_at=time.monotonic()))
+    async with one_queued(store) as (_running, controller, pending):
         now = time.monotonic()
         store.update_metrics({e.key: e.metrics for e in pods(IDLE, updated_at=now)})
         out = await asyncio.wait_for(pending, timeout=10.0)
@@ -135,17 +143,8 @@ async def test_flow_control_dispatches_when_the_pool_frees_up() -> None:
 
 
 async def test_a_queued_request_whose_client_goes_away_leaves_the_queue() -> None:
-    gw_cls = GATEWAYS[0]
     store = make_store(pods(SATURATED, updated_at=time.monotonic()))
-    async with stack(gw_cls, store, clock=time.monotonic, config_text=FLOW_CONFIG % "60s") as (gw, running):
-        controller = running.director.admitter
-        assert isinstance(controller, FlowController)
-        pending = asyncio.create_task(gw.request(CRITICAL, [BODY]))
-        for _ in range(500):  # bounded: until the request is queued (or the stream failed)
-            if len(controller.queue) or pending.done():
-                break
-            await asyncio.sleep(0.01)
-        assert len(controller.queue) == 1
+    async with one_queued(store) as (running, controller, pending):
         pending.cancel()  # the client resets its stream
         with contextlib.suppress(asyncio.CancelledError):
             await pending
