@@ -92,7 +92,27 @@ async def _aiter(items: Iterable[pb.ProcessingRequest]) -> AsyncIterator[pb.Proc
 async def exchange(channel: grpc.aio.Channel, messages: Sequence[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
     """Send every message (not waiting for answers, as full duplex does), half-close, read to EOF."""
     call = pb_grpc.ExternalProcessorStub(channel).Process(_aiter(messages), timeout=STREAM_TIMEOUT_S)
-    return [answer async for answer in call]
+    answers: list[pb.ProcessingResponse] = []
+    try:
+        async for answer in call:
+            answers.append(answer)
+    except grpc.aio.AioRpcError as err:
+        if not _sent_after_the_end(err, answers):
+            raise
+    return answers
+
+
+def _sent_after_the_end(err: grpc.aio.AioRpcError, answers: Sequence[pb.ProcessingResponse]) -> bool:
+    """An ImmediateResponse ends the call at once (as in the reference EPP); a client still sending the rest of the
+    request then finds the stream closed. Envoy and Go clients take that as the end; grpc.aio's client instead
+    replaces the server's OK with INTERNAL "Internal error from Core" when the failed send wins the race with the
+    status. Only that case is forgiven: the failure is a send, and the last answer was an ImmediateResponse."""
+    return (
+        err.code() == grpc.StatusCode.INTERNAL
+        and "SendMessageOperation" in (err.debug_error_string() or "")
+        and bool(answers)
+        and answers[-1].HasField("immediate_response")
+    )
 
 
 def _mutation_into(outcome: Outcome, common: pb.CommonResponse) -> None:
