@@ -92,7 +92,7 @@ async def _measure_path(count: int, size: int, config_text: str | None, args: ar
 
 
 def _measure(count: int, size: int, config_text: str | None, args: argparse.Namespace) -> float:
-    endpoints = bench_endpoints(count, now=time.monotonic())
+    endpoints = tuple(bench_endpoints(count, now=time.monotonic()))  # as the store's snapshot hands them out
     peers = None
     if args.peers:  # another replica (or worker) reports work on every endpoint, and keeps reporting
         peers = PeerLoads(ttl_s=1e9)

@@ -10,7 +10,8 @@
  *       than one block.
  *   match(holders, hashes) -> dict[str, int]
  *       walks ``hashes`` until one that ``holders`` (hash -> str | set[str]) lacks, counting blocks per key.
- *   tokens_of(...), select(...): the large-pool pre-filter's pass (picker/scheduling/prefilter.py), below.
+ *   tokens_of(...), select(...), LoadTable: the large-pool pre-filter's pass (picker/scheduling/prefilter.py),
+ *       below.
  *   PrefixIndex: the whole approximate prefix index (learning, eviction, the match walk), below.
  *
  * XXH64 below is the scalar algorithm of the xxHash specification (Yann Collet, BSD-2-Clause),
@@ -426,6 +427,260 @@ fail:
     Py_DECREF(seq);
     return NULL;
 }
+
+/* LoadTable: the pre-filter's whole pass (tokens_of, then select) for a candidate tuple seen before.
+ *
+ * The candidates of most requests are the very same tuple (the snapshot's cached candidates, new only when a
+ * scrape, a pod or an exclusion changes the pool), so what the servers reported is read into arrays once per
+ * tuple; a request then reads those arrays and its own ledger (the keys with picker's or its peers' requests in
+ * flight, usually far fewer than the pool) instead of four Python objects per endpoint. The results are
+ * tokens_of's numbers and select's choice exactly (the same double arithmetic): for an endpoint without a ledger
+ * entry the reported part is computed ahead with own = 0; an endpoint with one is computed as tokens_of does.
+ *
+ * select(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, k, held) -> list | None
+ *   None (the caller takes the per-object path): ``endpoints`` is not a tuple, or is one not seen on the call
+ *   before (a tuple seen once is only remembered: building for a tuple that never comes back would cost more
+ *   than the pass), or holds a value tokens_of would decline, or a duplicate key; ``held`` not a set or dict;
+ *   a ledger value that is not an exact int; a NaN load.
+ * The table keeps a reference to the tuple it describes: its identity cannot be reused while held, and the
+ * endpoints in it are frozen (immutable) dataclasses. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *seen;  /* the tuple of the last call (strong) */
+    PyObject *built; /* the tuple the arrays describe (strong), or NULL */
+    PyObject *declined; /* the last tuple the arrays could not describe (strong), or NULL: not built again */
+    PyObject *index; /* key -> position in built */
+    Py_ssize_t n;
+    double *updated; /* metrics.updated_at */
+    long long *waiting, *running, *then; /* then: metrics.own_requests; has_then[i] = 0 when None */
+    unsigned char *has_then;
+    double *w, *rest; /* with no ledger entry: foreign * waiting / reported, foreign - that (foreign > 0) */
+    unsigned char *foreign; /* with no ledger entry: whether foreign > 0 */
+    double *value, *scratch; /* per call */
+    unsigned char *mark;     /* per call: held */
+} LoadTableObject;
+
+static void LoadTable_clear_arrays(LoadTableObject *t) {
+    PyMem_Free(t->updated);
+    t->updated = t->w = t->rest = t->value = t->scratch = NULL;
+    t->waiting = t->running = t->then = NULL;
+    t->has_then = t->foreign = t->mark = NULL;
+    Py_CLEAR(t->built);
+    Py_CLEAR(t->index);
+    t->n = 0;
+}
+
+static void LoadTable_dealloc(LoadTableObject *t) {
+    LoadTable_clear_arrays(t);
+    Py_CLEAR(t->seen);
+    Py_CLEAR(t->declined);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* tokens_of's value for one endpoint: the arrays' reported numbers and this call's own numbers. */
+static inline double load_value(const LoadTableObject *t, Py_ssize_t i, long long own_requests, long long own_tokens,
+                                double now, double rt, double dt, double max_age) {
+    double updated = t->updated[i];
+    if (updated <= 0.0 || now - updated > max_age) return (double)own_tokens + 0.0 * rt + 0.0 * dt;
+    long long waiting = t->waiting[i], reported = waiting + t->running[i];
+    long long foreign = reported - (t->has_then[i] ? t->then[i] : own_requests);
+    if (foreign <= 0) return (double)own_tokens + 0.0 * rt + 0.0 * dt;
+    double w = (double)(foreign * waiting) / (double)reported;
+    return (double)own_tokens + w * rt + ((double)foreign - w) * dt;
+}
+
+/* 1: built; 0: declined (the tuple holds what the arrays cannot; nothing built); -1: error. */
+static int LoadTable_build(LoadTableObject *t, PyObject *tuple) {
+    LoadTable_clear_arrays(t);
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple), m = n ? n : 1;
+    /* one block: 5 doubles and 3 long longs per endpoint, then 3 bytes */
+    char *block = PyMem_Malloc((size_t)m * (5 * sizeof(double) + 3 * sizeof(long long) + 3));
+    if (block == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->updated = (double *)block;
+    t->w = t->updated + m;
+    t->rest = t->w + m;
+    t->value = t->rest + m;
+    t->scratch = t->value + m;
+    t->waiting = (long long *)(t->scratch + m);
+    t->running = t->waiting + m;
+    t->then = t->running + m;
+    t->has_then = (unsigned char *)(t->then + m);
+    t->foreign = t->has_then + m;
+    t->mark = t->foreign + m;
+    PyObject *index = PyDict_New();
+    if (index == NULL) goto fail;
+    t->index = index;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyTuple_GET_ITEM(tuple, i);
+        int rc;
+        PyObject *key = attr(e, &a_key);
+        if (key == NULL) goto fail;
+        PyObject *pos = PyLong_FromSsize_t(i);
+        if (pos == NULL) {
+            Py_DECREF(key);
+            goto fail;
+        }
+        rc = PyDict_SetDefault(index, key, pos) == pos ? 0 : 1; /* 1: a duplicate key */
+        Py_DECREF(pos);
+        Py_DECREF(key);
+        if (PyErr_Occurred()) goto fail;
+        if (rc) goto declined;
+        PyObject *mo = attr(e, &a_metrics);
+        if (mo == NULL) goto fail;
+        PyObject *updated = attr(mo, &a_updated_at);
+        if (updated == NULL || !PyFloat_CheckExact(updated)) {
+            Py_XDECREF(updated);
+            Py_DECREF(mo);
+            if (PyErr_Occurred()) goto fail;
+            goto declined;
+        }
+        t->updated[i] = PyFloat_AS_DOUBLE(updated);
+        Py_DECREF(updated);
+        rc = get_ll(mo, &a_waiting, &t->waiting[i]);
+        if (rc == 0) rc = get_ll(mo, &a_running, &t->running[i]);
+        PyObject *then = rc == 0 ? attr(mo, &a_own_requests) : NULL;
+        if (rc == 0 && then == NULL) rc = -1;
+        if (rc == 0) {
+            t->has_then[i] = then != Py_None;
+            t->then[i] = 0;
+            if (then != Py_None) rc = get_ll(mo, &a_own_requests, &t->then[i]);
+        }
+        Py_XDECREF(then);
+        Py_DECREF(mo);
+        if (rc < 0) goto fail;
+        if (rc > 0) goto declined;
+        long long waiting = t->waiting[i], reported = waiting + t->running[i];
+        long long foreign = reported - (t->has_then[i] ? t->then[i] : 0);
+        t->foreign[i] = foreign > 0;
+        if (foreign > 0) {
+            t->w[i] = (double)(foreign * waiting) / (double)reported;
+            t->rest[i] = (double)foreign - t->w[i];
+        }
+    }
+    Py_INCREF(tuple);
+    t->built = tuple;
+    t->n = n;
+    return 1;
+declined:
+    LoadTable_clear_arrays(t);
+    return 0;
+fail:
+    LoadTable_clear_arrays(t);
+    return -1;
+}
+
+static PyObject *LoadTable_select(LoadTableObject *t, PyObject *args) {
+    PyObject *endpoints, *loads, *held;
+    double now, rt, dt, max_age;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OO!ddddnO:select", &endpoints, &PyDict_Type, &loads, &now, &rt, &dt, &max_age, &k,
+                          &held)) {
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(endpoints)) Py_RETURN_NONE;
+    if (held != Py_None && !PyAnySet_CheckExact(held) && !PyDict_CheckExact(held)) Py_RETURN_NONE;
+    if (endpoints != t->built) {
+        if (endpoints == t->declined) Py_RETURN_NONE;
+        if (endpoints != t->seen) { /* remembered; built if it comes again */
+            Py_INCREF(endpoints);
+            Py_XSETREF(t->seen, endpoints);
+            LoadTable_clear_arrays(t);
+            Py_RETURN_NONE;
+        }
+        int rc = LoadTable_build(t, endpoints);
+        if (rc <= 0) {
+            if (rc < 0) return NULL;
+            Py_INCREF(endpoints);
+            Py_XSETREF(t->declined, endpoints);
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t n = t->n;
+    double zero = 0.0 + 0.0 * rt + 0.0 * dt;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double updated = t->updated[i];
+        t->value[i] = updated <= 0.0 || now - updated > max_age || !t->foreign[i] ? zero
+                                                                                 : 0.0 + t->w[i] * rt + t->rest[i] * dt;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *own;
+    while (PyDict_Next(loads, &pos, &key, &own)) {
+        PyObject *at = PyDict_GetItemWithError(t->index, key); /* borrowed */
+        if (at == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            continue; /* not a candidate */
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(at);
+        long long own_requests, own_tokens;
+        int rc = get_ll(own, &a_requests, &own_requests);
+        if (rc == 0) rc = get_ll(own, &a_tokens, &own_tokens);
+        if (rc < 0) return NULL;
+        if (rc > 0) Py_RETURN_NONE;
+        t->value[i] = load_value(t, i, own_requests, own_tokens, now, rt, dt, max_age);
+    }
+    Py_ssize_t below = 0, at_quota = 0, want = k < n ? k : n;
+    double kth = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (t->value[i] != t->value[i]) Py_RETURN_NONE; /* NaN: as select */
+        t->scratch[i] = t->value[i];
+    }
+    if (want > 0) {
+        kth = nth(t->scratch, n, want - 1);
+        for (Py_ssize_t i = 0; i < n; i++) below += t->value[i] < kth;
+        at_quota = want - below;
+    }
+    memset(t->mark, 0, (size_t)n);
+    if (held != Py_None) {
+        PyObject *it = PyObject_GetIter(held);
+        if (it == NULL) return NULL;
+        PyObject *hk;
+        while ((hk = PyIter_Next(it)) != NULL) {
+            PyObject *at = PyDict_GetItemWithError(t->index, hk);
+            Py_DECREF(hk);
+            if (at != NULL) t->mark[PyLong_AsSsize_t(at)] = 1;
+            else if (PyErr_Occurred()) break;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int keep = t->mark[i];
+        if (want > 0 && t->value[i] < kth) {
+            keep = 1;
+        } else if (want > 0 && t->value[i] == kth && at_quota > 0) {
+            keep = 1;
+            at_quota--;
+        }
+        if (keep && PyList_Append(out, PyTuple_GET_ITEM(endpoints, i)) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyMethodDef LoadTable_methods[] = {
+    {"select", (PyCFunction)LoadTable_select, METH_VARARGS,
+     "select(tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s), k, held) for a candidate "
+     "tuple seen on the call before; None to take that path instead."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LoadTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "picker.scheduling._native.LoadTable",
+    .tp_basicsize = sizeof(LoadTableObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The pre-filter's pass over a candidate tuple, its reported loads read once per tuple.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)LoadTable_dealloc,
+    .tp_methods = LoadTable_methods,
+};
 
 /* PrefixIndex: picker/scheduling/plugins/prefix_index.py's PyPrefixIndex, the same operations and results, with
  * no Python object per block. A node is one (block hash, endpoint) pair: it sits in its endpoint's LRU list
@@ -848,12 +1103,18 @@ PyMODINIT_FUNC PyInit__native(void) {
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
         if ((slots[i]->name = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     }
-    if (PyType_Ready(&PrefixIndexType) < 0) return NULL;
+    if (PyType_Ready(&PrefixIndexType) < 0 || PyType_Ready(&LoadTableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&PrefixIndexType);
     if (PyModule_AddObject(m, "PrefixIndex", (PyObject *)&PrefixIndexType) < 0) {
         Py_DECREF(&PrefixIndexType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LoadTableType);
+    if (PyModule_AddObject(m, "LoadTable", (PyObject *)&LoadTableType) < 0) {
+        Py_DECREF(&LoadTableType);
         Py_DECREF(m);
         return NULL;
     }

@@ -15,7 +15,9 @@ endpoint with a LoRA adapter loaded but more load than the k-th, the emptiest ca
 busier endpoints, a server with a fast TTFT among the busier ones; min-max scorers (queue, running, kv-cache)
 normalize over the kept set, and the hot-prefix cap (``maxLoadFactor``) takes its mean over the kept set.
 The cut costs one pass over the pool (the token estimate and the selection, in C when ``scheduling.native`` is
-built, else ``serverload.tokens_of`` and ``py_select``) instead of every scorer's.
+built, else ``serverload.tokens_of`` and ``py_select``) instead of every scorer's. In C, the pool's reported loads
+are read once per candidate tuple (``_native.LoadTable``: the snapshot's candidates are the same tuple from one
+scrape tick to the next), so a request reads a few arrays and its ledger rather than every endpoint's objects.
 
 ``k`` is ``--prefilter-endpoints`` (``Settings.prefilter_endpoints``, default 64; 0: off). The policy lab and
 ``Scheduler(...)`` without it do not cut.
@@ -45,12 +47,14 @@ class PrefixHolders(Protocol):
 
 
 class Prefilter:
-    __slots__ = ("_ctx", "_holders", "k")
+    __slots__ = ("_ctx", "_holders", "_table", "k")
 
     def __init__(self, k: int, ctx: PluginContext, holders: Sequence[PrefixHolders] = ()) -> None:
         self.k = k
         self._ctx = ctx
         self._holders = tuple(holders)
+        fast = native.module
+        self._table = fast.LoadTable() if fast is not None else None
 
     def apply(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> Sequence[Endpoint]:
         """``endpoints`` cut to the k least loaded plus the prefix holders (itself when k or fewer)."""
@@ -61,6 +65,23 @@ class Prefilter:
         for source in self._holders:
             held.update(source.prefix_holders(req, endpoints, cycle))
         fast = native.module
+        table = self._table
+        if fast is not None and table is not None:
+            # The snapshot's candidate tuple, seen before: its reported loads are already in the table's arrays.
+            ctx = self._ctx
+            inflight = ctx.inflight
+            found: list[Endpoint] | None = table.select(
+                endpoints,
+                ctx.ledger_loads(),
+                ctx.clock(),
+                inflight.request_tokens,
+                inflight.decode_tokens,
+                ctx.metrics_max_age_s,
+                k,
+                held,
+            )
+            if found is not None:
+                return found
         loads = native.server_tokens(self._ctx, endpoints)
         if fast is not None:
             kept: list[Endpoint] | None = fast.select(endpoints, loads, k, held)

@@ -229,6 +229,55 @@ def test_select_equals_the_python_selection_on_random_loads() -> None:
         native.select([endpoint(1)], [], 1, None)
 
 
+def test_the_load_table_selects_as_tokens_of_then_select_on_random_pools() -> None:
+    # One table across many calls, as a Prefilter keeps it: a pool's tuple comes several times in a row (built on
+    # its second call), with a new ledger, clock, averages, k and holders each time, then a new pool.
+    rng = random.Random(31)
+    table = native.LoadTable()
+    built = 0
+    for _ in range(60):
+        pool = tuple(_random_pool(rng, rng.randrange(0, 90)))
+        for call in range(6):
+            loads = {
+                e.key: EndpointLoad(requests=rng.randrange(0, 6), tokens=rng.randrange(0, 50_000))
+                for e in pool
+                if rng.random() < 0.3
+            }
+            loads["10.9.9.9:1"] = EndpointLoad(requests=2, tokens=9)  # not a candidate: no effect
+            now, max_age = rng.choice([1000.0, 1003.5]), rng.choice([1.0, 2.0, 10.0])
+            per_request, per_decode = rng.uniform(1, 3000), rng.choice([0.0, rng.uniform(1, 500)])
+            k = rng.randrange(0, len(pool) + 3)
+            held = rng.choice([None, set(), {e.key for e in pool if rng.random() < 0.1} | {"10.9.9.9:2"}])
+            got = table.select(pool, loads, now, per_request, per_decode, max_age, k, held)
+            if call == 0:
+                assert got is None, "a tuple seen once is not built for"
+                continue
+            built += 1
+            tokens = native.tokens_of(pool, loads, now, per_request, per_decode, max_age)
+            assert got == py_select(pool, tokens, k, held or ()), (call, k)
+    assert built == 300
+
+
+def test_the_load_table_declines_what_it_cannot_describe() -> None:
+    table = native.LoadTable()
+    pool = tuple(endpoint(i, waiting=i, updated_at=1000.0) for i in range(4))
+    args = (1000.0, 10.0, 5.0, 2.0, 2, None)
+    assert table.select(list(pool), {}, *args) is None  # a list may change under it: never built for
+    assert table.select(pool, {}, *args) is None  # seen once
+    assert table.select(pool, {}, *args) == list(pool[:2])
+    assert table.select(pool, {pool[0].key: EndpointLoad(requests=1, tokens=1.5)}, *args) is None  # type: ignore[arg-type]
+    assert table.select(pool, {}, 1000.0, math.nan, 5.0, 2.0, 2, None) is None  # NaN loads: as select
+    assert table.select(pool, {}, *args[:-1], frozenset()) is not None
+    assert table.select(pool, {}, *args[:-1], [pool[3].key]) is None  # a held list: a linear search, not here
+    duplicate = (*pool, pool[0])
+    odd_metrics = dataclasses.replace(pool[0].metrics, waiting=1.5)
+    fractional = (*pool, dataclasses.replace(pool[0], key="x", metrics=odd_metrics))
+    for odd in (duplicate, fractional):
+        assert table.select(odd, {}, *args) is None
+        assert table.select(odd, {}, *args) is None  # declined, and remembered as such
+        assert table.select(odd, {}, *args) is None
+
+
 def test_the_prefilter_cuts_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(23)
     c = ctx()
@@ -239,6 +288,8 @@ def test_the_prefilter_cuts_the_same_on_either_path(monkeypatch: pytest.MonkeyPa
         cut = Prefilter(16, c)
         req = REQUESTS[0]
         fast = cut.apply(req, pool, CycleState())
+        candidates = tuple(pool)  # the snapshot's tuple: the table's path from its second call
+        assert [cut.apply(req, candidates, CycleState()) for _ in range(3)] == [fast] * 3
         monkeypatch.setattr(scheduling_native, "module", None)
         assert cut.apply(req, pool, CycleState()) == fast
         monkeypatch.undo()
