@@ -9,13 +9,14 @@ when the extension is missing or ``PICKER_NATIVE=0``; tests check both equal on 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 
+from picker.endpoints.inflight import EndpointLoad
 from picker.endpoints.model import Endpoint
 from picker.scheduling.framework import PluginContext
 
-__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens"]
+__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens", "token_load_args"]
 
 
 def load() -> ModuleType | None:
@@ -33,15 +34,18 @@ module = load()
 NATIVE = module is not None  # whether the C extension is in use
 
 
+def token_load_args(ctx: PluginContext) -> tuple[Mapping[str, EndpointLoad], float, float, float, float]:
+    """What the C token estimate reads besides the endpoints: (ledger, now, request_tokens, decode_tokens,
+    max_age_s), as ``ctx.server_tokens`` reads them."""
+    inflight = ctx.inflight
+    return ctx.ledger_loads(), ctx.clock(), inflight.request_tokens, inflight.decode_tokens, ctx.metrics_max_age_s
+
+
 def server_tokens(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
     """``ctx.server_tokens(endpoints)``, in C when the extension is in use."""
     fast = module
     if fast is not None:
-        inflight = ctx.inflight
-        now, max_age_s = ctx.clock(), ctx.metrics_max_age_s
-        found: list[float] | None = fast.tokens_of(
-            endpoints, ctx.ledger_loads(), now, inflight.request_tokens, inflight.decode_tokens, max_age_s
-        )
+        found: list[float] | None = fast.tokens_of(endpoints, *token_load_args(ctx))
         if found is not None:
             return found
     return ctx.server_tokens(endpoints)

@@ -68,18 +68,7 @@ class Prefilter:
         table = self._table
         if fast is not None and table is not None:
             # The snapshot's candidate tuple, seen before: its reported loads are already in the table's arrays.
-            ctx = self._ctx
-            inflight = ctx.inflight
-            found: list[Endpoint] | None = table.select(
-                endpoints,
-                ctx.ledger_loads(),
-                ctx.clock(),
-                inflight.request_tokens,
-                inflight.decode_tokens,
-                ctx.metrics_max_age_s,
-                k,
-                held,
-            )
+            found: list[Endpoint] | None = table.select(endpoints, *native.token_load_args(self._ctx), k, held)
             if found is not None:
                 return found
         loads = native.server_tokens(self._ctx, endpoints)
