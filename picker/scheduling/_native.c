@@ -438,9 +438,9 @@ fail:
  * entry the reported part is computed ahead with own = 0; an endpoint with one is computed as tokens_of does.
  *
  * select(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, k, held) -> list | None
- *   None (the caller takes the per-object path): ``endpoints`` is not a tuple, or is one not seen on the call
- *   before (a tuple seen once is only remembered: building for a tuple that never comes back would cost more
- *   than the pass), or holds a value tokens_of would decline, or a duplicate key; ``held`` not a set or dict;
+ *   None (the caller takes the per-object path): ``endpoints`` is not a tuple, or is neither the tuple the
+ *   table describes nor the one of the call before (a tuple seen once is only remembered: building for a tuple
+ *   that never comes back would cost more than the pass), or holds a value tokens_of would decline, or a duplicate key; ``held`` not a set or dict;
  *   a ledger value that is not an exact int; a NaN load.
  * The table keeps a reference to the tuple it describes: its identity cannot be reused while held, and the
  * endpoints in it are frozen (immutable) dataclasses. */
@@ -585,10 +585,11 @@ static PyObject *LoadTable_select(LoadTableObject *t, PyObject *args) {
     if (held != Py_None && !PyAnySet_CheckExact(held) && !PyDict_CheckExact(held)) Py_RETURN_NONE;
     if (endpoints != t->built) {
         if (endpoints == t->declined) Py_RETURN_NONE;
-        if (endpoints != t->seen) { /* remembered; built if it comes again */
+        if (endpoints != t->seen) {
+            /* remembered, built if it comes on the next call; the built tuple stays, so requests with a subset
+             * hint (a new tuple each) between the pool's own do not cost it a rebuild */
             Py_INCREF(endpoints);
             Py_XSETREF(t->seen, endpoints);
-            LoadTable_clear_arrays(t);
             Py_RETURN_NONE;
         }
         int rc = LoadTable_build(t, endpoints);

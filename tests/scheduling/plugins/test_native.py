@@ -265,6 +265,9 @@ def test_the_load_table_declines_what_it_cannot_describe() -> None:
     assert table.select(list(pool), {}, *args) is None  # a list may change under it: never built for
     assert table.select(pool, {}, *args) is None  # seen once
     assert table.select(pool, {}, *args) == list(pool[:2])
+    hinted = pool[2:]  # a request with a subset hint between the pool's own: its tuple once, then the pool's
+    assert table.select(hinted, {}, *args) is None
+    assert table.select(pool, {}, *args) == list(pool[:2]), "the pool's table stays built"
     assert table.select(pool, {pool[0].key: EndpointLoad(requests=1, tokens=1.5)}, *args) is None  # type: ignore[arg-type]
     assert table.select(pool, {}, 1000.0, math.nan, 5.0, 2.0, 2, None) is None  # NaN loads: as select
     assert table.select(pool, {}, *args[:-1], frozenset()) is not None
