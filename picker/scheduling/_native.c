@@ -190,8 +190,8 @@ fail:
 
 /* tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, requests=False) -> list[float] | None
  * picker.endpoints.serverload.tokens_of (requests: requests_of) with ``load`` = loads.get (a dict key ->
- * EndpointLoad; absent: zero), the same double arithmetic in the same order. None when a value is not the int/float it should be (then the
- * caller runs the Python loop). */
+ * EndpointLoad; absent: zero), the same double arithmetic in the same order. None when a value is not the int/float
+ * it should be, or the counts are too large for that arithmetic to be exact (then the caller runs the Python loop). */
 
 /* Attribute reads of the slotted dataclasses (Endpoint, EndpointMetrics, EndpointLoad) without the generic
  * lookup: per attribute name, the exact type last seen and its slot's offset (the type is kept alive while
@@ -235,6 +235,17 @@ static int get_ll(PyObject *obj, slot_t *name, long long *out) {
     Py_DECREF(v);
     if (*out == -1 && PyErr_Occurred()) return -1;
     return overflow || *out > (1LL << 52) || *out < -(1LL << 52) ? 1 : 0; /* exact as a double */
+}
+
+/* foreign * waiting / reported as Python computes it (an exact int product, then one correctly rounded division):
+ * 0 and *w; 1 when the product is not exact in a double (counts beyond ~2^26, which only a broken page reports). */
+static inline int waiting_share(long long foreign, long long waiting, long long reported, double *w) {
+    long long product;
+    if (__builtin_mul_overflow(foreign, waiting, &product) || product > (1LL << 53) || product < -(1LL << 53)) {
+        return 1;
+    }
+    *w = (double)product / (double)reported;
+    return 0;
 }
 
 static PyObject *tokens_of(PyObject *self, PyObject *args) {
@@ -306,7 +317,12 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
             if (foreign <= 0) {
                 value = requests ? (double)own_requests + 0.0 : (double)own_tokens + 0.0 * rt + 0.0 * dt;
             } else {
-                double w = (double)(foreign * waiting) / (double)reported;
+                double w;
+                if (waiting_share(foreign, waiting, reported, &w)) {
+                    Py_DECREF(m);
+                    rc = 1;
+                    goto rc_fail;
+                }
                 value = requests ? (double)own_requests + (w + ((double)foreign - w))
                                  : (double)own_tokens + w * rt + ((double)foreign - w) * dt;
             }
@@ -441,7 +457,7 @@ fail:
  *   None (the caller takes the per-object path): ``endpoints`` is not a tuple, or is neither the tuple the
  *   table describes nor the one of the call before (a tuple seen once is only remembered: building for a tuple
  *   that never comes back would cost more than the pass), or holds a value tokens_of would decline, or a duplicate key; ``held`` not a set or dict;
- *   a ledger value that is not an exact int; a NaN load.
+ *   a ledger value that is not an exact int; a NaN load; counts whose product is not exact in a double.
  * The table keeps a reference to the tuple it describes: its identity cannot be reused while held, and the
  * endpoints in it are frozen (immutable) dataclasses. */
 
@@ -486,7 +502,8 @@ static inline double load_value(const LoadTableObject *t, Py_ssize_t i, long lon
     long long waiting = t->waiting[i], reported = waiting + t->running[i];
     long long foreign = reported - (t->has_then[i] ? t->then[i] : own_requests);
     if (foreign <= 0) return (double)own_tokens + 0.0 * rt + 0.0 * dt;
-    double w = (double)(foreign * waiting) / (double)reported;
+    double w;
+    if (waiting_share(foreign, waiting, reported, &w)) return Py_NAN; /* the caller declines NaN loads */
     return (double)own_tokens + w * rt + ((double)foreign - w) * dt;
 }
 
@@ -557,7 +574,7 @@ static int LoadTable_build(LoadTableObject *t, PyObject *tuple) {
         long long foreign = reported - (t->has_then[i] ? t->then[i] : 0);
         t->foreign[i] = foreign > 0;
         if (foreign > 0) {
-            t->w[i] = (double)(foreign * waiting) / (double)reported;
+            if (waiting_share(foreign, waiting, reported, &t->w[i])) goto declined;
             t->rest[i] = (double)foreign - t->w[i];
         }
     }

@@ -213,6 +213,27 @@ def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
     assert native.tokens_of(pool, {}, 1000.0, 1.0, 1.0, 2.0) is None  # type: ignore[arg-type]
 
 
+def test_counts_too_large_for_exact_doubles_take_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A broken page reporting 2^40 waiting: waiting x foreign overflows a C integer. Python's ints are exact, so
+    # the C paths decline and the pre-filter's cut is the pure-Python one.
+    huge = endpoint(2, waiting=2**40, running=3, updated_at=1000.0)
+    pool = (endpoint(1, waiting=1, updated_at=1000.0), huge, endpoint(3, updated_at=1000.0))
+    assert native.tokens_of(pool, {}, 1000.0, 10.0, 5.0, 2.0) is None
+    assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, True) is None
+    table = native.LoadTable()
+    assert table.select(pool, {}, 1000.0, 10.0, 5.0, 2.0, 1, None) is None
+    assert table.select(pool, {}, 1000.0, 10.0, 5.0, 2.0, 1, None) is None  # declined when building
+    fine = (pool[0], endpoint(2, waiting=4, updated_at=1000.0, own_requests=None), pool[2])
+    for _ in range(2):
+        table.select(fine, {}, 1000.0, 10.0, 5.0, 2.0, 1, None)
+    ledger = {fine[1].key: EndpointLoad(requests=-(2**51), tokens=1)}  # too large through the ledger's count
+    assert table.select(fine, ledger, 1000.0, 10.0, 5.0, 2.0, 1, None) is None
+    cut = Prefilter(2, ctx())  # its clock reads 1000.0
+    fast = [cut.apply(REQUESTS[0], pool, CycleState()) for _ in range(3)]
+    monkeypatch.setattr(scheduling_native, "module", None)
+    assert fast == [cut.apply(REQUESTS[0], pool, CycleState())] * 3 == [[pool[0], pool[2]]] * 3
+
+
 def test_select_equals_the_python_selection_on_random_loads() -> None:
     rng = random.Random(19)
     for _ in range(500):
