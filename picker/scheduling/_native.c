@@ -1121,18 +1121,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
         if ((slots[i]->name = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     }
-    if (PyType_Ready(&PrefixIndexType) < 0 || PyType_Ready(&LoadTableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&PrefixIndexType);
-    if (PyModule_AddObject(m, "PrefixIndex", (PyObject *)&PrefixIndexType) < 0) {
-        Py_DECREF(&PrefixIndexType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&LoadTableType);
-    if (PyModule_AddObject(m, "LoadTable", (PyObject *)&LoadTableType) < 0) {
-        Py_DECREF(&LoadTableType);
+    /* readies each type and adds it under the last part of its tp_name */
+    if (PyModule_AddType(m, &PrefixIndexType) < 0 || PyModule_AddType(m, &LoadTableType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
