@@ -60,7 +60,9 @@ DEFAULT_PROFILE = "default"
 #   prompt that no server holds to the server picker has placed the least content on (SGLang's smallest tree);
 #   ``maxLoadFactor``/``loadCapFloor`` stop a hot prefix from following its holder once that server works on
 #   more than 3x the pool's mean number of requests (and more than 8) - counted from the servers' own queues,
-#   so the cap also holds when other clients or picker replicas fill that server;
+#   so the cap also holds when other clients or picker replicas fill that server; ``coldSpreadSpeedFrom``
+#   weighs the spread of prompts under two blocks by each server's speed (the relative-ttft-scorer's view), so a
+#   slow server takes fewer short requests instead of its even share;
 # * token-load-scorer with ``loadSource: blended``: per server, the scraped waiting + running requests
 #   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
 #   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
@@ -82,6 +84,7 @@ plugins:
     coldSpread: 1.0
     maxLoadFactor: 3.0
     loadCapFloor: 8
+    coldSpreadSpeedFrom: relative-ttft-scorer
 - type: token-load-scorer
   parameters:
     queueThresholdTokens: 32768

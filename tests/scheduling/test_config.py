@@ -152,6 +152,7 @@ def test_builtin_default_is_the_lab_choice() -> None:
     assert (params.score_mode, params.cold_spread, params.max_load_factor, params.load_cap_floor) == (
         "tokens", 1.0, 3.0, 8
     )  # fmt: skip
+    assert (params.cold_spread_speed_from, params.cold_spread_speed_max_tokens) == ("relative-ttft-scorer", 32)
     load_scorer = config.plugins["token-load-scorer"]
     assert isinstance(load_scorer, TokenLoadScorer)
     assert load_scorer.blended  # the servers' reports count, not only picker's ledger
@@ -427,6 +428,15 @@ def test_config_file(tmp_path: Path) -> None:
         ("- a\n- b\n", "expected an EndpointPickerConfig mapping"),
         ("", "expected an EndpointPickerConfig mapping"),
         (HEAD + "plugins:\n- name: x\n", "plugins.0.type"),
+        (
+            HEAD + "plugins:\n- type: prefix-cache-scorer\n  parameters: {coldSpreadSpeedFrom: ttft}\n",
+            "coldSpreadSpeedFrom names plugin 'ttft', which is not declared",
+        ),
+        (
+            HEAD + "plugins:\n- type: queue-scorer\n- type: prefix-cache-scorer\n"
+            "  parameters: {coldSpreadSpeedFrom: queue-scorer}\n",
+            "which does not rate the servers' speed",
+        ),
         (HEAD + "plugins:\n- type: queue-scorer\n  parameters: [1]\n", "plugins.0.parameters"),
     ],
 )

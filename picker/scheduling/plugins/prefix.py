@@ -42,6 +42,15 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   grows by), fading with a half-life of ``placedHalfLifeS`` (60 s; ≥ 1 s), so cold prompts keep being spread by
   the new content each server has had to take in lately, however full the caches (session traffic far past the
   knee: multi-turn 80 req/s 3.8 → 3.1 s p90 in the lab; it costs elsewhere, so it is not the default).
+* ``coldSpreadSpeedFrom`` "" (off) names a plugin that rates each server's speed against the pool (a
+  ``relative-ttft-scorer``: 1 within its tolerance, k for k times slower); ``coldSpreadSpeedMaxTokens`` 32 (≥ 1;
+  two of vLLM's 16-token blocks). A cold prompt shorter than that leaves at most one full block to reuse, so its
+  spread only balances request counts: each server's blocks_e counts times its factor, and a server answering 2x
+  slower than the pool takes about half its share of them. Longer prompts are spread by content alone: their
+  spread decides where a prefix will be cached, and a server that is slow only because it is busy now should not
+  lose it (weighing every prompt cost 5-11 % on multi-turn in the lab). Without it, the spread hands a slow server
+  its full share of short requests whatever its TTFT penalty (the lab's slow-server short-long 400 req/s: 154 ms
+  p90 against least connections' 107; with it 104). picker's default names its ``relative-ttft-scorer``.
 * ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance,
   after SGLang's cache-aware router (which routes on load alone once max n - min n > abs and max n > rel * min n).
   Here it is the endpoint, not the pool, that is tested: with n_e as for the cap and m the least n among the
@@ -58,8 +67,8 @@ picker's options (all off by default, so the reference behaviour is unchanged):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar, Literal, NamedTuple
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import Field, field_validator
 
@@ -121,6 +130,8 @@ class Params(PluginParams):
     cold_spread: float = Field(default=0.0, ge=0.0, le=1.0)
     cold_spread_basis: Literal["held", "placed"] = "held"
     placed_half_life_s: float = Field(default=60.0, ge=1.0)
+    cold_spread_speed_from: str = ""
+    cold_spread_speed_max_tokens: int = Field(default=32, ge=1)
     balance_abs_threshold: float = Field(default=0.0, ge=0.0)
     balance_rel_threshold: float = Field(default=1.1, ge=1.0)
 
@@ -168,6 +179,15 @@ class PrefixMatch(NamedTuple):
         return self.prompt_tokens - self.matched_tokens(key)
 
 
+@runtime_checkable
+class SpeedSource(Protocol):
+    """A plugin that knows how much slower than the pool each endpoint answers (``relative-ttft-scorer``)."""
+
+    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """For each endpoint, in order: 1.0 for as fast as the pool, else how many times slower (> 1)."""
+        ...
+
+
 class _Blocks(NamedTuple):
     block_chars: int
     hashes: tuple[int, ...]
@@ -196,6 +216,7 @@ class PrefixCacheScorer:
             if ctx is not None and params.cold_spread_basis == "placed"
             else None
         )
+        self._speed: SpeedSource | None = None  # ``coldSpreadSpeedFrom``, resolved by ``bind``
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -213,7 +234,7 @@ class PrefixCacheScorer:
         if match.cold:
             if params.cold_spread <= 0.0:
                 return ScoreVector.constant(endpoints, 0.0)
-            scores = self._spread(endpoints)
+            scores = self._spread(endpoints, match)
         else:
             counts = match.blocks
             if params.score_mode == "ratio":
@@ -306,13 +327,34 @@ class PrefixCacheScorer:
             if n + 1 > cap:
                 scores[i] = 0.0
 
-    def _spread(self, endpoints: Sequence[Endpoint]) -> list[float]:
+    def bind(self, plugins: Mapping[str, object], profiles: Collection[str]) -> None:
+        """Resolve ``coldSpreadSpeedFrom`` (config loading)."""
+        wanted = self.params.cold_spread_speed_from
+        if not wanted:
+            return
+        plugin = plugins.get(wanted)
+        if plugin is None:
+            raise ValueError(f"coldSpreadSpeedFrom names plugin {wanted!r}, which is not declared")
+        if not isinstance(plugin, SpeedSource):
+            raise ValueError(
+                f"coldSpreadSpeedFrom names plugin {wanted!r}, which does not rate the servers' speed "
+                "(a relative-ttft-scorer does)"
+            )
+        self._speed = plugin
+
+    def _spread(self, endpoints: Sequence[Endpoint], match: PrefixMatch) -> list[float]:
         spread = self.params.cold_spread
         placed = self._placed
         if placed is not None:
             sizes: list[float] = [placed.get(e.key) for e in endpoints]
         else:
             sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
+        speed = self._speed
+        if speed is not None and match.prompt_tokens < self.params.cold_spread_speed_max_tokens:
+            # A prompt this short places next to no reusable cache: spreading it balances request counts, and a
+            # server answering k times slower than the pool should take about 1/k of its share of them.
+            factors = speed.slowness_factors(endpoints)
+            sizes = [n * f if f != 1.0 else n for n, f in zip(sizes, factors, strict=True)]
         high = max(sizes, default=0.0)
         if high <= 0.0:
             return [spread] * len(endpoints)

@@ -110,26 +110,44 @@ class RelativeTtftScorer:
         return ordered[len(ordered) // 2]
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
-        if not self._samples:
+        compared = self._compared(endpoints)
+        if compared is None:
             return ScoreVector.constant(endpoints, 1.0)
+        slow, limit = compared
+        return ScoreVector(endpoints, [1.0 if x is None or x <= limit else limit / x for x in slow])
+
+    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """How many times slower than the tolerated band each endpoint answers: 1.0 within it (or without
+        samples), else ``slowness / ((1 + tolerance) * ref)``, the inverse of its score. The prefix scorer's
+        cold spread weighs each server's placed content by it (``coldSpreadSpeedFrom``)."""
+        compared = self._compared(endpoints)
+        if compared is None:
+            return [1.0] * len(endpoints)
+        slow, limit = compared
+        return [1.0 if x is None or x <= limit else x / limit for x in slow]
+
+    def _compared(self, endpoints: Sequence[Endpoint]) -> tuple[list[float | None], float] | None:
+        """Each endpoint's slowness (None: no recent sample) and the limit beyond which it counts as slow; None
+        when no endpoint can be compared."""
+        if not self._samples:
+            return None
         slow = [self.slowness(e.key) for e in endpoints]
         seen = sorted(x for x in slow if x is not None)
         if len(endpoints) < 2 or not seen:
-            return ScoreVector.constant(endpoints, 1.0)
+            return None
         if len(seen) == 1:
             # A single candidate observed (affinity sends it everything): once its window is full, the others
             # count as typical (1.0), so it is still compared with the pool's norm, not only with itself.
             observed = next(self._samples[e.key] for e, x in zip(endpoints, slow, strict=True) if x is not None)
             if len(observed.ratios) < _WINDOW:
-                return ScoreVector.constant(endpoints, 1.0)
+                return None
             values = sorted(1.0 if x is None else x for x in slow)
         else:
             values = seen
         # The median, the upper one for an even count: a server is slow only when most of the pool is faster.
         # In a pool of two the upper median is the slower one itself, so the faster is the reference there.
         reference = values[len(values) // 2] if len(endpoints) > 2 else values[0]
-        limit = reference * (1.0 + self.params.tolerance)
-        return ScoreVector(endpoints, [1.0 if x is None or x <= limit else limit / x for x in slow])
+        return slow, reference * (1.0 + self.params.tolerance)
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
         if not result.targets:

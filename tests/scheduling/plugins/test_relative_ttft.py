@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from picker.endpoints.model import Endpoint
 from picker.plugins import CycleState, ResponseInfo, SchedulingResult
 from picker.scheduling.plugins.relative_ttft import Params, RelativeTtftScorer, size_class
@@ -62,6 +64,20 @@ def test_a_slow_server_scores_in_proportion_and_fast_ones_all_score_one() -> Non
     s = scores(scorer, eps)
     assert s["192.168.1.1:8000"] == s["192.168.1.2:8000"] == s["192.168.1.3:8000"] == 1.0
     assert 0.35 < s["192.168.1.4:8000"] < 0.55  # ~3x slower than the pool's median, 1.25x tolerated
+
+
+def test_slowness_factors_are_the_inverse_of_the_scores() -> None:
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3, 4)]
+    assert scorer.slowness_factors(eps) == [1.0] * 4  # no samples yet
+    for _ in range(10):
+        for e, ttft in zip(eps, (0.10, 0.11, 0.105, 0.30), strict=True):
+            respond(scorer, e, ttft)
+    s = scores(scorer, eps)
+    factors = dict(zip((e.key for e in eps), scorer.slowness_factors(eps), strict=True))
+    assert factors["192.168.1.1:8000"] == factors["192.168.1.2:8000"] == factors["192.168.1.3:8000"] == 1.0
+    assert factors["192.168.1.4:8000"] == pytest.approx(1.0 / s["192.168.1.4:8000"])
+    assert factors["192.168.1.4:8000"] > 1.8
 
 
 def test_two_servers_compare_against_the_faster() -> None:
