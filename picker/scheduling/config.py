@@ -67,7 +67,9 @@ DEFAULT_PROFILE = "default"
 #   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
 #   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
 #   scrape (a poll interval stale) nor picker's ledger (blind to traffic it did not route, empty after a
-#   restart) decides alone; a stale or missing scrape falls back to the ledger;
+#   restart) decides alone; a stale or missing scrape falls back to the ledger; a prompt under 512 tokens
+#   also counts 512 tokens on a server where a prefill of picker's is pending (it would wait for that step),
+#   in that server's time (a slow server's step takes longer), so short requests do not come in runs;
 # * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
 #   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
 # * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
@@ -89,6 +91,8 @@ plugins:
   parameters:
     queueThresholdTokens: 32768
     loadSource: blended
+    prefillPendingTokens: 512
+    prefillPendingSpeedFrom: relative-ttft-scorer
 - type: relative-ttft-scorer
 - type: lora-affinity-scorer
 - type: metrics-data-source

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import yaml
 
 from picker import errors
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, SchedulerConfig, load_config, load_config_file
@@ -156,6 +157,11 @@ def test_builtin_default_is_the_lab_choice() -> None:
     load_scorer = config.plugins["token-load-scorer"]
     assert isinstance(load_scorer, TokenLoadScorer)
     assert load_scorer.blended  # the servers' reports count, not only picker's ledger
+    declared = {p["type"]: p.get("parameters", {}) for p in yaml.safe_load(DEFAULT_CONFIG_TEXT)["plugins"]}
+    load_params = declared["token-load-scorer"]
+    assert (load_params["prefillPendingTokens"], load_params["prefillPendingSpeedFrom"]) == (
+        512, "relative-ttft-scorer"
+    )  # fmt: skip
     profile = config.profiles["default"]
     assert profile.picker.type == "max-score-picker"
     assert profile.filters == ()
@@ -436,6 +442,10 @@ def test_config_file(tmp_path: Path) -> None:
             HEAD + "plugins:\n- type: queue-scorer\n- type: prefix-cache-scorer\n"
             "  parameters: {coldSpreadSpeedFrom: queue-scorer}\n",
             "which does not rate the servers' speed",
+        ),
+        (
+            HEAD + "plugins:\n- type: token-load-scorer\n  parameters: {prefillPendingSpeedFrom: ttft}\n",
+            "prefillPendingSpeedFrom names plugin 'ttft', which is not declared",
         ),
         (HEAD + "plugins:\n- type: queue-scorer\n  parameters: [1]\n", "plugins.0.parameters"),
     ],

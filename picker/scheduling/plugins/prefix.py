@@ -97,9 +97,11 @@ __all__ = [
     "Params",
     "PrefixCacheScorer",
     "PrefixMatch",
+    "SpeedSource",
     "create",
     "match_key",
     "over_bound",
+    "resolve_speed_source",
 ]
 
 TYPE = "prefix-cache-scorer"
@@ -186,6 +188,19 @@ class SpeedSource(Protocol):
     def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """For each endpoint, in order: 1.0 for as fast as the pool, else how many times slower (> 1)."""
         ...
+
+
+def resolve_speed_source(plugins: Mapping[str, object], parameter: str, wanted: str) -> SpeedSource:
+    """The plugin a ``...SpeedFrom`` parameter names; ValueError (a config error) when it is absent or cannot rate
+    the servers' speed."""
+    plugin = plugins.get(wanted)
+    if plugin is None:
+        raise ValueError(f"{parameter} names plugin {wanted!r}, which is not declared")
+    if not isinstance(plugin, SpeedSource):
+        raise ValueError(
+            f"{parameter} names plugin {wanted!r}, which does not rate the servers' speed (a relative-ttft-scorer does)"
+        )
+    return plugin
 
 
 class _Blocks(NamedTuple):
@@ -329,18 +344,8 @@ class PrefixCacheScorer:
 
     def bind(self, plugins: Mapping[str, object], profiles: Collection[str]) -> None:
         """Resolve ``coldSpreadSpeedFrom`` (config loading)."""
-        wanted = self.params.cold_spread_speed_from
-        if not wanted:
-            return
-        plugin = plugins.get(wanted)
-        if plugin is None:
-            raise ValueError(f"coldSpreadSpeedFrom names plugin {wanted!r}, which is not declared")
-        if not isinstance(plugin, SpeedSource):
-            raise ValueError(
-                f"coldSpreadSpeedFrom names plugin {wanted!r}, which does not rate the servers' speed "
-                "(a relative-ttft-scorer does)"
-            )
-        self._speed = plugin
+        if self.params.cold_spread_speed_from:
+            self._speed = resolve_speed_source(plugins, "coldSpreadSpeedFrom", self.params.cold_spread_speed_from)
 
     def _spread(self, endpoints: Sequence[Endpoint], match: PrefixMatch) -> list[float]:
         spread = self.params.cold_spread

@@ -17,17 +17,23 @@ plus those its peers reported.
 
 Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (128 requests * 32K tokens);
 ``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker); picker's ``loadSource``: ``ledger``
-(default) or ``blended``; picker's ``prefillPendingTokens`` (default 0: off): an endpoint where a request picker
-sent has not had its first token yet counts this many tokens more. A request arriving there waits for that
-prefill's engine step (a fixed cost per step on top of the tokens: ~35 ms on the lab's H100 profile, ~290
-prompt tokens' worth) before its own; tokens alone weigh a 13-token prompt at nearly nothing, so short requests
-came in runs on one server. Off by default: in the lab it closes short prompts at low rates and loses elsewhere
-(docs/scheduling.md, issue 13). Counts only picker's own requests (peers do not report first tokens).
+(default) or ``blended``; picker's ``prefillPendingTokens`` (default 0: off): for a request whose prompt is
+shorter than this many tokens, an endpoint where a request picker sent has not had its first token yet counts
+this many tokens more. A request arriving there waits for that prefill's engine step (a fixed cost per step on
+top of the tokens: ~35 ms on the lab's H100 profile, ~290 prompt tokens' worth) before its own; tokens alone
+weigh a 13-token prompt at nearly nothing, so short requests came in runs on one server. A longer prompt's own
+prefill outweighs the wait, and steering it off a prefilling server moved new sessions off the server that
+would cache them (docs/scheduling.md, issue 13). Counts only picker's own requests (peers do not report first
+tokens). ``prefillPendingSpeedFrom`` (picker's; "" off) names a plugin that rates each server's speed (a
+``relative-ttft-scorer``): the mark is then counted in that server's time, ``f`` marks on a server ``f`` times
+slower than the pool with a prefill pending and ``f - 1`` without one, since its own next prefill step takes
+that much longer than an idle fast server's. Without it, a slow server that is sent less is more often without
+a pending prefill, so the mark drew short requests to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -35,7 +41,7 @@ from pydantic import Field
 from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
 from picker.scheduling import native
 from picker.scheduling.framework import Scorer
-from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
+from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch, SpeedSource, resolve_speed_source
 from picker.scheduling.scores import ScoreVector
 from picker.scheduling.spec import PluginSpec
 
@@ -49,12 +55,13 @@ class Params(PluginParams):
     in_flight_load_producer_name: str = ""
     load_source: Literal["ledger", "blended"] = "ledger"
     prefill_pending_tokens: int = Field(default=0, ge=0)
+    prefill_pending_speed_from: str = ""
 
 
 class TokenLoadScorer:
     type: ClassVar[str] = TYPE
     category: ClassVar[Category] = Category.DISTRIBUTION
-    __slots__ = ("_blended", "_ctx", "_prefill_pending", "_threshold", "name")
+    __slots__ = ("_blended", "_ctx", "_prefill_pending", "_speed", "_speed_from", "_threshold", "name")
 
     def __init__(
         self,
@@ -64,9 +71,12 @@ class TokenLoadScorer:
         *,
         blended: bool = False,
         prefill_pending_tokens: int = 0,
+        prefill_pending_speed_from: str = "",
     ) -> None:
         self.name = name
         self._prefill_pending = float(prefill_pending_tokens)
+        self._speed_from = prefill_pending_speed_from
+        self._speed: SpeedSource | None = None  # resolved by ``bind``
         self._threshold = float(threshold_tokens)
         self._ctx = ctx
         self._blended = blended
@@ -89,10 +99,22 @@ class TokenLoadScorer:
         else:
             loads = [t + prompt for t in in_flight]
         pending = self._prefill_pending
-        if pending:  # a server with a prefill of picker's waiting: the next request waits for that step too
+        if pending and prompt < pending:  # a server with a prefill of picker's waiting: this waits for that step
             prefilling = ctx.inflight.prefilling_of(endpoints)
-            loads = [x + pending if n else x for x, n in zip(loads, prefilling, strict=True)]
+            speed = self._speed
+            if speed is None:
+                loads = [x + pending if n else x for x, n in zip(loads, prefilling, strict=True)]
+            else:
+                factors = speed.slowness_factors(endpoints)
+                loads = [
+                    x + pending * (f if n else f - 1.0) for x, n, f in zip(loads, prefilling, factors, strict=True)
+                ]
         return ScoreVector(endpoints, [1.0 if x <= 0 else 1.0 - min(x, threshold) / threshold for x in loads])
+
+    def bind(self, plugins: Mapping[str, object], profiles: Collection[str]) -> None:
+        """Resolve ``prefillPendingSpeedFrom`` (config loading)."""
+        if self._speed_from:
+            self._speed = resolve_speed_source(plugins, "prefillPendingSpeedFrom", self._speed_from)
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
@@ -102,6 +124,7 @@ def create(name: str, params: Params, ctx: PluginContext) -> Scorer:
         ctx,
         blended=params.load_source == "blended",
         prefill_pending_tokens=params.prefill_pending_tokens,
+        prefill_pending_speed_from=params.prefill_pending_speed_from,
     )
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from pydantic import ValidationError
 
+from picker.endpoints.model import Endpoint
 from picker.plugins import Category, CycleState
 from picker.scheduling.plugins import active_request, load_aware, token_load
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
@@ -59,6 +62,42 @@ def test_token_load_adds_the_pending_prefill_weight_once_per_server_until_its_fi
     assert c.inflight.prefilling_of([E1, E2]) == [1, 0]
     plain = token_load.create("t", token_load.Params(queueThresholdTokens=1000), c)  # off by default
     assert by_key(plain.score(req, [E1], CycleState())) == pytest.approx({E1.key: 1 - 10 / 1000})
+
+
+def test_the_pending_prefill_mark_is_for_prompts_shorter_than_it() -> None:
+    c = ctx()
+    c.inflight.acquire(E1.key, 10, 0.0)
+    scorer = token_load.create("t", token_load.Params(queueThresholdTokens=1000, prefillPendingTokens=300), c)
+    short, long = request(prompt_tokens=299), request(prompt_tokens=300)
+    assert by_key(scorer.score(short, [E1], CycleState())) == pytest.approx({E1.key: 1 - 609 / 1000})
+    assert by_key(scorer.score(long, [E1], CycleState())) == pytest.approx({E1.key: 1 - 310 / 1000})
+
+
+class _Speeds:
+    def __init__(self, factors: dict[str, float]) -> None:
+        self.factors = factors
+
+    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        return [self.factors.get(e.key, 1.0) for e in endpoints]
+
+
+def test_the_pending_prefill_mark_counts_in_each_servers_time() -> None:
+    c = ctx()
+    c.inflight.acquire(E1.key, 10, 0.0)  # E1: a prefill pending, as fast as the pool
+    c.inflight.acquire(E2.key, 10, 0.0)  # E2: a prefill pending, 2x slower
+    params = token_load.Params(queueThresholdTokens=1000, prefillPendingTokens=300, prefillPendingSpeedFrom="ttft")
+    scorer = token_load.create("t", params, c)
+    assert isinstance(scorer, token_load.TokenLoadScorer)
+    scorer.bind({"ttft": _Speeds({E2.key: 2.0, E3.key: 1.5})}, ())
+    req = request(prompt="", prompt_tokens=0)
+    # E3 (1.5x slower) has nothing pending but its own next prefill step takes half a step longer than E1's.
+    assert by_key(scorer.score(req, [E1, E2, E3], CycleState())) == pytest.approx(
+        {E1.key: 1 - 310 / 1000, E2.key: 1 - 610 / 1000, E3.key: 1 - 150 / 1000}
+    )
+    with pytest.raises(ValueError, match="which does not rate the servers' speed"):
+        scorer.bind({"ttft": object()}, ())
+    with pytest.raises(ValueError, match="prefillPendingSpeedFrom names plugin 'ttft', which is not declared"):
+        scorer.bind({}, ())
 
 
 def test_token_load_default_threshold_and_validation() -> None:
