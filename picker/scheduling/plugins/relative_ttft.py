@@ -119,7 +119,8 @@ class RelativeTtftScorer:
     def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """How many times slower than the tolerated band each endpoint answers: 1.0 within it (or without
         samples), else ``slowness / ((1 + tolerance) * ref)``, the inverse of its score. The prefix scorer's
-        cold spread weighs each server's placed content by it (``coldSpreadSpeedFrom``)."""
+        cold spread (``coldSpreadSpeedFrom``) and the token-load scorer's prefill mark (``prefillPendingSpeedFrom``)
+        count each server in its own time by it."""
         compared = self._compared(endpoints)
         if compared is None:
             return [1.0] * len(endpoints)

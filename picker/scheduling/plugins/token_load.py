@@ -24,7 +24,9 @@ top of the tokens: ~35 ms on the lab's H100 profile, ~290 prompt tokens' worth) 
 weigh a 13-token prompt at nearly nothing, so short requests came in runs on one server. A longer prompt's own
 prefill outweighs the wait, and steering it off a prefilling server moved new sessions off the server that
 would cache them (docs/scheduling.md, issue 13). Counts only picker's own requests (peers do not report first
-tokens). ``prefillPendingSpeedFrom`` (picker's; "" off) names a plugin that rates each server's speed (a
+tokens); a response that is not streamed (or whose body picker does not see) keeps its server marked until it
+ends, so with such clients the mark prefers servers with nothing of picker's in flight.
+``prefillPendingSpeedFrom`` (picker's; "" off) names a plugin that rates each server's speed (a
 ``relative-ttft-scorer``): the mark is then counted in that server's time, ``f`` marks on a server ``f`` times
 slower than the pool with a prefill pending and ``f - 1`` without one, since its own next prefill step takes
 that much longer than an idle fast server's. Without it, a slow server that is sent less is more often without
