@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 from pydantic import ValidationError
 
-from picker.endpoints.model import Endpoint
 from picker.plugins import Category, CycleState
 from picker.scheduling.plugins import active_request, load_aware, token_load
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
 from tests.conftest import endpoint, request
-from tests.scheduling.helpers import by_key, ctx
+from tests.scheduling.helpers import FixedSpeeds, by_key, ctx
 
 E1, E2, E3 = endpoint(1), endpoint(2), endpoint(3)
 
@@ -73,14 +70,6 @@ def test_the_pending_prefill_mark_is_for_prompts_shorter_than_it() -> None:
     assert by_key(scorer.score(long, [E1], CycleState())) == pytest.approx({E1.key: 1 - 310 / 1000})
 
 
-class _Speeds:
-    def __init__(self, factors: dict[str, float]) -> None:
-        self.factors = factors
-
-    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
-        return [self.factors.get(e.key, 1.0) for e in endpoints]
-
-
 def test_the_pending_prefill_mark_counts_in_each_servers_time() -> None:
     c = ctx()
     c.inflight.acquire(E1.key, 10, 0.0)  # E1: a prefill pending, as fast as the pool
@@ -88,7 +77,7 @@ def test_the_pending_prefill_mark_counts_in_each_servers_time() -> None:
     params = token_load.Params(queueThresholdTokens=1000, prefillPendingTokens=300, prefillPendingSpeedFrom="ttft")
     scorer = token_load.create("t", params, c)
     assert isinstance(scorer, token_load.TokenLoadScorer)
-    scorer.bind({"ttft": _Speeds({E2.key: 2.0, E3.key: 1.5})}, ())
+    scorer.bind({"ttft": FixedSpeeds({E2.key: 2.0, E3.key: 1.5})}, ())
     req = request(prompt="", prompt_tokens=0)
     # E3 (1.5x slower) has nothing pending but its own next prefill step takes half a step longer than E1's.
     assert by_key(scorer.score(req, [E1, E2, E3], CycleState())) == pytest.approx(

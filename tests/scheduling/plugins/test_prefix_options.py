@@ -3,8 +3,6 @@ match it leaves in the cycle, and the lmetric-scorer built on its index."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 from pydantic import ValidationError
 
@@ -15,7 +13,7 @@ from picker.scheduling.config import DEFAULT_CONFIG_TEXT, load_config
 from picker.scheduling.plugins import lmetric, prefix
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch, match_key
 from tests.conftest import endpoint, request
-from tests.scheduling.helpers import by_key, ctx
+from tests.scheduling.helpers import FixedSpeeds, by_key, ctx
 
 BLOCK = 64
 EPS = [endpoint(1), endpoint(2), endpoint(3)]
@@ -142,41 +140,30 @@ def test_cold_spread_prefers_the_endpoint_with_the_least_cached() -> None:
     assert set(by_key(fresh.score(request(prompt="hi"), EPS, CycleState())).values()) == {0.0}  # < one block
 
 
-class _Speeds:
-    """A speed source with fixed factors per endpoint key (what a relative-ttft-scorer reports)."""
-
-    def __init__(self, factors: dict[str, float]) -> None:
-        self.factors = factors
-
-    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
-        return [self.factors.get(e.key, 1.0) for e in endpoints]
+def _spreading(**params: object) -> prefix.PrefixCacheScorer:
+    """A cold-spreading scorer, told E1 answers 2x slower than the pool, after every server took one prompt."""
+    scorer = _scorer(coldSpread=1.0, **params)
+    scorer.bind({"ttft": FixedSpeeds({E1: 2.0})}, ())
+    for target in EPS:  # every server holds the same: the spread alone would treat them alike
+        _learn(scorer, request(prompt=f"{target.key}" + "x" * BLOCK), target)
+    return scorer
 
 
 def test_cold_spread_of_short_prompts_weighs_each_server_by_its_speed() -> None:
-    scorer = _scorer(coldSpread=1.0, coldSpreadSpeedFrom="ttft")
-    scorer.bind({"ttft": _Speeds({E1: 2.0})}, ())
-    for target in EPS:  # every server holds the same: the spread alone would treat them alike
-        _learn(scorer, request(prompt=f"{target.key}" + "x" * BLOCK), target)
-    short = request(prompt="c" * 100)  # 25 tokens: under the 64 of coldSpreadSpeedMaxTokens
+    scorer = _spreading(coldSpreadSpeedFrom="ttft")
+    short = request(prompt="c" * 100)  # 25 tokens: under the 32 of coldSpreadSpeedMaxTokens
     # E1 answers 2x slower than the pool: its content counts double, so the others are half as full as it.
     assert by_key(scorer.score(short, EPS, CycleState())) == {E1: 0.0, E2: 0.5, E3: 0.5}
     long = request(prompt="c" * (BLOCK * 16))  # 256 tokens: its spread places cache, by content alone
     assert set(by_key(scorer.score(long, EPS, CycleState())).values()) == {0.0}
-    tight = _scorer(coldSpread=1.0, coldSpreadSpeedFrom="ttft", coldSpreadSpeedMaxTokens=25)
-    tight.bind({"ttft": _Speeds({E1: 2.0})}, ())
-    for target in EPS:
-        _learn(tight, request(prompt=f"{target.key}" + "x" * BLOCK), target)
+    tight = _spreading(coldSpreadSpeedFrom="ttft", coldSpreadSpeedMaxTokens=25)
     assert set(by_key(tight.score(short, EPS, CycleState())).values()) == {0.0}
-    plain = _scorer(coldSpread=1.0)  # no speed source named: bind leaves the spread as it was
-    plain.bind({"ttft": _Speeds({E1: 2.0})}, ())
-    for target in EPS:
-        _learn(plain, request(prompt=f"{target.key}" + "x" * BLOCK), target)
+    plain = _spreading()  # no speed source named: bind leaves the spread as it was
     assert set(by_key(plain.score(short, EPS, CycleState())).values()) == {0.0}
 
 
 def test_the_relative_ttft_scorer_is_a_speed_source_for_the_spread() -> None:
-    text = DEFAULT_CONFIG_TEXT
-    config = load_config(text, ctx())
+    config = load_config(DEFAULT_CONFIG_TEXT, ctx())
     scorer = config.plugins["prefix-cache-scorer"]
     assert isinstance(scorer, prefix.PrefixCacheScorer)
     assert isinstance(config.plugins["relative-ttft-scorer"], prefix.SpeedSource)
