@@ -62,7 +62,10 @@ DEFAULT_PROFILE = "default"
 #   more than 3x the pool's mean number of requests (and more than 8) - counted from the servers' own queues,
 #   so the cap also holds when other clients or picker replicas fill that server; ``coldSpreadSpeedFrom``
 #   weighs the spread of prompts under two blocks by each server's speed (the relative-ttft-scorer's view), so a
-#   slow server takes fewer short requests instead of its even share;
+#   slow server takes fewer short requests instead of its even share; ``coldSpreadPlacedWhenFull``: once picker's
+#   index is full for every server (the blocks held compare equal), a cold prompt goes by the new content each
+#   server took in lately, strictly to the least once every server queues (sessions come back for their next
+#   turns: that content is work still to come);
 # * token-load-scorer with ``loadSource: blended``: per server, the scraped waiting + running requests
 #   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
 #   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
@@ -87,6 +90,7 @@ plugins:
     maxLoadFactor: 3.0
     loadCapFloor: 8
     coldSpreadSpeedFrom: relative-ttft-scorer
+    coldSpreadPlacedWhenFull: true
 - type: token-load-scorer
   parameters:
     queueThresholdTokens: 32768

@@ -3,6 +3,8 @@ match it leaves in the cycle, and the lmetric-scorer built on its index."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
@@ -293,3 +295,81 @@ def test_cold_spread_placed_counts_only_new_blocks_and_fade() -> None:
     c.clock.advance(10.0)  # type: ignore[attr-defined]
     _learn(scorer, request(prompt="u" * (BLOCK * 2)), EPS[0])  # E1: 4 / 2 + 2 = 4, E2: 2 / 2 = 1
     assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.75, E3: 1.0}
+
+
+# -- coldSpreadPlacedWhenFull --------------------------------------------------------------------------------------
+
+QUEUED = [endpoint(1, waiting=1), endpoint(2, waiting=1), endpoint(3, waiting=1)]  # the same keys as EPS
+
+
+def _filling(c: object = None, **params: object) -> prefix.PrefixCacheScorer:
+    """A scorer whose index holds 2 blocks per server at most, after E1 took 6 new blocks, E2 4 and E3 none."""
+    scorer = _scorer(c, coldSpread=1.0, lruCapacityPerServer=2, autoTune=False, coldSpreadPlacedWhenFull=True, **params)
+    for i, target in enumerate((EPS[0], EPS[0], EPS[0], EPS[1], EPS[1])):
+        _learn(scorer, request(prompt=f"{i}" * (BLOCK * 2)), target)
+    return scorer
+
+
+def _come_back(scorer: prefix.PrefixCacheScorer, times: int) -> None:
+    """Score a prompt that E1 holds ``times`` times: the share of prompts that hit rises."""
+    again = request(prompt="2" * (BLOCK * 2))  # the last prompt E1 took: its LRU still holds it
+    for _ in range(times):
+        scorer.score(again, EPS, CycleState())
+
+
+def test_placed_when_full_spreads_by_what_was_placed_once_every_index_is_full() -> None:
+    scorer = _filling()
+    cold = request(prompt="c" * (BLOCK * 2))
+    # E3's index is empty: the blocks held still tell the servers apart (E1 = E2 = 2, E3 0).
+    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
+    # Every index full: by the blocks placed (6, 4, 2), 1 - placed / max.
+    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
+    without = _scorer(coldSpread=1.0, lruCapacityPerServer=2, autoTune=False)
+    for i, target in enumerate((EPS[0], EPS[0], EPS[0], EPS[1], EPS[1], EPS[2])):
+        _learn(without, request(prompt=f"{i}" * (BLOCK * 2)), target)
+    assert set(by_key(without.score(cold, EPS, CycleState())).values()) == {0.0}  # held: all equal, no spread
+
+
+def test_placed_when_full_is_sharp_only_when_every_server_queues_and_prompts_come_back() -> None:
+    scorer = _filling()
+    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
+    cold = request(prompt="c" * (BLOCK * 2))
+    soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
+    assert by_key(scorer.score(cold, QUEUED, CycleState())) == soft  # every prompt so far was new: not sharp
+    _come_back(scorer, 40)  # now most prompts find their blocks on a server
+    assert by_key(scorer.score(cold, QUEUED, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}  # (6 - n) / (6 - 2)
+    one_idle = [*QUEUED[:2], endpoint(3)]
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+
+
+def test_placed_when_full_counts_a_slow_server_in_whole_multiples() -> None:
+    cold = request(prompt="c" * (BLOCK * 2))
+    spreads = {}
+    for factor in (1.9, 2.5, 3.2):
+        scorer = _filling(coldSpreadSpeedFrom="ttft")
+        scorer.bind({"ttft": FixedSpeeds({E3: factor})}, ())
+        _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
+        spreads[factor] = by_key(scorer.score(cold, EPS, CycleState()))
+    assert spreads[1.9] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}  # under 2x: as fast
+    assert spreads[2.5] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(1 - 4 / 6, 9)}  # E3's 2 blocks count 4
+    assert spreads[3.2] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: 0.0}  # 6
+
+
+def test_placed_when_full_reads_the_index_size_from_the_servers_kv_blocks() -> None:
+    c = ctx()
+    scorer = _scorer(c, coldSpread=1.0, coldSpreadPlacedWhenFull=True)  # autoTune: num_gpu_blocks, not the LRU
+    pool = [replace(e, metrics=replace(e.metrics, num_gpu_blocks=2)) for e in EPS]
+    for i, target in enumerate((pool[0], pool[0], pool[1])):
+        _learn(scorer, request(prompt=f"{i}" * (BLOCK * 2)), target)
+    cold = request(prompt="c" * (BLOCK * 2))
+    assert by_key(scorer.score(cold, pool, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}  # E3 empty: held
+    _learn(scorer, request(prompt="z" * (BLOCK * 2)), pool[2])
+    assert by_key(scorer.score(cold, pool, CycleState())) == {E1: 0.0, E2: 0.5, E3: 0.5}  # placed: 4, 2, 2
+
+
+def test_the_default_spreads_by_placed_blocks_when_full() -> None:
+    scorer = load_config(DEFAULT_CONFIG_TEXT, ctx()).plugins["prefix-cache-scorer"]
+    assert isinstance(scorer, prefix.PrefixCacheScorer)
+    assert scorer.params.cold_spread_placed_when_full
+    assert prefix.Params().cold_spread_placed_when_full is False
