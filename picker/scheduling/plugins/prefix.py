@@ -370,16 +370,23 @@ class PrefixCacheScorer:
             self._speed = resolve_speed_source(plugins, "coldSpreadSpeedFrom", self.params.cold_spread_speed_from)
 
     def _spread(self, endpoints: Sequence[Endpoint], match: PrefixMatch) -> list[float]:
-        spread = self.params.cold_spread
+        params = self.params
+        spread = params.cold_spread
         placed = self._placed
-        if placed is not None and self.params.cold_spread_placed_when_full and self._indexes_full(endpoints):
-            return self._spread_placed(endpoints, placed)
-        if placed is not None and self.params.cold_spread_basis == "placed":
+        # Every index full: the blocks held compare equal, so count those placed lately (coldSpreadPlacedWhenFull).
+        full = placed is not None and params.cold_spread_placed_when_full and self._indexes_full(endpoints)
+        if placed is not None and (full or params.cold_spread_basis == "placed"):
             sizes: list[float] = [placed.get(e.key) for e in endpoints]
         else:
             sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
         speed = self._speed
-        if speed is not None and match.prompt_tokens < self.params.cold_spread_speed_max_tokens:
+        if speed is not None and full:
+            # The blocks placed lately are the work each server took in and, for sessions, work still coming back
+            # to it. A server k times slower counts them k times, in whole multiples: near the queues' jitter a
+            # factor of 1.1 would reorder servers whose counts differ by a session.
+            factors = speed.slowness_factors(endpoints)
+            sizes = [n * math.floor(f) if f >= 2.0 else n for n, f in zip(sizes, factors, strict=True)]
+        elif speed is not None and match.prompt_tokens < params.cold_spread_speed_max_tokens:
             # A prompt this short places next to no reusable cache: spreading it balances request counts, and a
             # server answering k times slower than the pool should take about 1/k of its share of them.
             factors = speed.slowness_factors(endpoints)
@@ -387,6 +394,13 @@ class PrefixCacheScorer:
         high = max(sizes, default=0.0)
         if high <= 0.0:
             return [spread] * len(endpoints)
+        if full and self._hit_share >= 0.5 and all(e.metrics.waiting > 0 for e in endpoints):
+            # Every server queues and most prompts come back to content placed earlier (sessions, shared
+            # prefixes): from the least placed (the whole spread) to the most (none), as SGLang's smallest tree,
+            # so new sessions go round the pool instead of to whichever queue is shortest this instant. One-off
+            # prompts return no work: for them the load scorers' view of the queues should keep its say.
+            low = min(sizes)
+            return [spread * (high - s) / (high - low) for s in sizes] if high > low else [spread] * len(endpoints)
         return [spread * (1.0 - s / high) for s in sizes]
 
     def _indexes_full(self, endpoints: Sequence[Endpoint]) -> bool:
@@ -394,38 +408,17 @@ class PrefixCacheScorer:
         the blocks held then compare equal and say nothing."""
         if not endpoints:
             return False
-        auto_tune, capacity = self.params.auto_tune, self.params.lru_capacity_per_server
         index = self.index
-        for e in endpoints:
-            size = e.metrics.num_gpu_blocks if auto_tune and e.metrics.num_gpu_blocks else capacity
-            if index.endpoint_blocks(e.key) < _FULL_INDEX_SHARE * size:
-                return False
-        return True
+        return all(index.endpoint_blocks(e.key) >= _FULL_INDEX_SHARE * self._index_capacity(e) for e in endpoints)
 
-    def _spread_placed(self, endpoints: Sequence[Endpoint], placed: DecayingCounts) -> list[float]:
-        # The blocks placed lately are the work each server took in and, for sessions, work still coming back to
-        # it. A server k times slower counts them k times, in whole multiples: near the queues' jitter a factor
-        # of 1.1 would reorder servers whose counts differ by a session.
-        sizes = [placed.get(e.key) for e in endpoints]
-        speed = self._speed
-        if speed is not None:
-            factors = speed.slowness_factors(endpoints)
-            sizes = [n * math.floor(f) if f >= 2.0 else n for n, f in zip(sizes, factors, strict=True)]
-        low, high = min(sizes), max(sizes)
-        spread = self.params.cold_spread
-        if high <= low or high <= 0.0:
-            return [spread] * len(endpoints)
-        if self._hit_share >= 0.5 and all(e.metrics.waiting > 0 for e in endpoints):
-            # Every server queues and most prompts come back to content placed earlier (sessions, shared
-            # prefixes): from the least placed (the whole spread) to the most (none), as SGLang's smallest tree,
-            # so new sessions go round the pool instead of to whichever queue is shortest this instant. One-off
-            # prompts return no work: for them the load scorers' view of the queues should keep its say.
-            return [spread * (high - s) / (high - low) for s in sizes]
-        return [spread * (1.0 - s / high) for s in sizes]
+    def _index_capacity(self, endpoint: Endpoint) -> int:
+        """Blocks the index keeps for ``endpoint``: its KV size with ``autoTune`` when it reports one."""
+        if self.params.auto_tune and endpoint.metrics.num_gpu_blocks:
+            return endpoint.metrics.num_gpu_blocks
+        return self.params.lru_capacity_per_server
 
     def _learn(self, endpoint: Endpoint, hashes: Sequence[int]) -> None:
-        capacity = endpoint.metrics.num_gpu_blocks if self.params.auto_tune else None
-        added = self.index.add(endpoint.key, hashes, capacity)
+        added = self.index.add(endpoint.key, hashes, self._index_capacity(endpoint))
         if self._placed is not None and added:
             self._placed.add(endpoint.key, added)
 
