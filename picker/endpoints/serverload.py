@@ -21,13 +21,13 @@ answer. The foreign requests are split between waiting and running in the propor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from picker.endpoints.inflight import EndpointLoad
 from picker.endpoints.model import Endpoint
 
-__all__ = ["DEFAULT_MAX_AGE_S", "ServerLoad", "estimate", "requests_of", "tokens_of"]
+__all__ = ["DEFAULT_MAX_AGE_S", "ServerLoad", "estimate", "requests_of", "tokens_of", "waiting_of"]
 
 DEFAULT_MAX_AGE_S = 2.0  # as --metrics-staleness-threshold: older samples are not the server's present
 
@@ -71,34 +71,41 @@ def estimate(endpoint: Endpoint, own: EndpointLoad, now: float, max_age_s: float
     return ServerLoad(own.requests, own.tokens, waiting, foreign - waiting, m.kv_usage, fresh=True)
 
 
-# The scorers' per-endpoint loops: ``estimate(e, ...).requests`` / ``.tokens(...)`` for each endpoint in order,
-# without a ServerLoad per endpoint (that allocation was the largest per-endpoint cost of a cycle). Each branch
-# computes the same float expressions as ``estimate`` and ``ServerLoad``, so the results are identical
-# (tests/endpoints/test_serverload.py checks it on randomized pools).
+# The scorers' per-endpoint loops: ``estimate(e, ...).requests`` / ``.tokens(...)`` / ``.foreign_waiting`` for each
+# endpoint in order, without a ServerLoad per endpoint (that allocation was the largest per-endpoint cost of a
+# cycle). Each computes the same float expressions as ``estimate`` and ``ServerLoad``, so the results are
+# identical (tests/endpoints/test_serverload.py checks it on randomized pools).
+
+
+def _foreign(
+    endpoints: Sequence[Endpoint], load: Callable[[str], EndpointLoad], now: float, max_age_s: float
+) -> Iterator[tuple[EndpointLoad, float, float]]:
+    """(picker's own load, the foreign requests, the foreign waiting ones) for each endpoint, as ``estimate``
+    counts them: zeros without a fresh sample or when the server reported no more than picker's own."""
+    for e in endpoints:
+        own = load(e.key)
+        m = e.metrics
+        updated = m.updated_at
+        if updated <= 0.0 or now - updated > max_age_s:
+            yield own, 0.0, 0.0
+            continue
+        reported = m.waiting + m.running
+        own_then = m.own_requests if m.own_requests is not None else own.requests
+        foreign = reported - own_then
+        if foreign <= 0:
+            yield own, 0.0, 0.0
+            continue
+        yield own, foreign, foreign * m.waiting / reported
 
 
 def requests_of(
     endpoints: Sequence[Endpoint], load: Callable[[str], EndpointLoad], now: float, max_age_s: float = DEFAULT_MAX_AGE_S
 ) -> list[float]:
     """``estimate(e, load(e.key), now, max_age_s).requests`` for each endpoint, in order."""
-    out: list[float] = []
-    append = out.append
-    for e in endpoints:
-        own = load(e.key)
-        m = e.metrics
-        updated = m.updated_at
-        if updated <= 0.0 or now - updated > max_age_s:
-            append(own.requests + 0.0)
-            continue
-        reported = m.waiting + m.running
-        own_then = m.own_requests if m.own_requests is not None else own.requests
-        foreign = reported - own_then
-        if foreign <= 0:
-            append(own.requests + 0.0)
-            continue
-        waiting = foreign * m.waiting / reported
-        append(own.requests + (waiting + (foreign - waiting)))
-    return out
+    return [
+        own.requests + (waiting + (foreign - waiting))
+        for own, foreign, waiting in _foreign(endpoints, load, now, max_age_s)
+    ]
 
 
 def tokens_of(
@@ -110,21 +117,14 @@ def tokens_of(
     max_age_s: float = DEFAULT_MAX_AGE_S,
 ) -> list[float]:
     """``estimate(e, load(e.key), now, max_age_s).tokens(request_tokens, decode_tokens)`` for each endpoint."""
-    out: list[float] = []
-    append = out.append
-    for e in endpoints:
-        own = load(e.key)
-        m = e.metrics
-        updated = m.updated_at
-        if updated <= 0.0 or now - updated > max_age_s:
-            append(own.tokens + 0.0 * request_tokens + 0.0 * decode_tokens)
-            continue
-        reported = m.waiting + m.running
-        own_then = m.own_requests if m.own_requests is not None else own.requests
-        foreign = reported - own_then
-        if foreign <= 0:
-            append(own.tokens + 0.0 * request_tokens + 0.0 * decode_tokens)
-            continue
-        waiting = foreign * m.waiting / reported
-        append(own.tokens + waiting * request_tokens + (foreign - waiting) * decode_tokens)
-    return out
+    return [
+        own.tokens + waiting * request_tokens + (foreign - waiting) * decode_tokens
+        for own, foreign, waiting in _foreign(endpoints, load, now, max_age_s)
+    ]
+
+
+def waiting_of(
+    endpoints: Sequence[Endpoint], load: Callable[[str], EndpointLoad], now: float, max_age_s: float = DEFAULT_MAX_AGE_S
+) -> list[float]:
+    """``estimate(e, load(e.key), now, max_age_s).foreign_waiting`` for each endpoint, in order."""
+    return [waiting for _, _, waiting in _foreign(endpoints, load, now, max_age_s)]

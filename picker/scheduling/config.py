@@ -72,7 +72,10 @@ DEFAULT_PROFILE = "default"
 #   scrape (a poll interval stale) nor picker's ledger (blind to traffic it did not route, empty after a
 #   restart) decides alone; a stale or missing scrape falls back to the ledger; a prompt under 512 tokens
 #   also counts 512 tokens on a server where a prefill of picker's is pending (it would wait for that step),
-#   in that server's time (a slow server's step takes longer), so short requests do not come in runs;
+#   in that server's time (a slow server's step takes longer), so short requests do not come in runs; a prompt
+#   under 32 tokens, while most recent prompts are that short, counts only the prefills ahead of it (that mark,
+#   and 512 tokens per request the server reports waiting beyond picker's), not the answers being decoded, and
+#   the servers left equal are taken in turn (round robin where nothing else differs);
 # * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
 #   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
 # * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
@@ -97,6 +100,7 @@ plugins:
     loadSource: blended
     prefillPendingTokens: 512
     prefillPendingSpeedFrom: relative-ttft-scorer
+    shortPromptTokens: 32
 - type: relative-ttft-scorer
 - type: lora-affinity-scorer
 - type: metrics-data-source

@@ -33,6 +33,7 @@ from picker.plugins.results import (
 from picker.request.model import InferenceRequest
 
 __all__ = [
+    "ROTATE_TIES",
     "Category",
     "CycleState",
     "EndpointsChanged",
@@ -54,6 +55,12 @@ __all__ = [
     "Scorer",
     "Scores",
 ]
+
+
+# A cycle-state flag a scorer sets when its scores leave servers tied by design (it counted what decides this
+# request's wait, and nothing differed): ``max-score-picker`` then breaks the ties by a rotation, not at random
+# (token-load-scorer's ``shortPromptTokens``). Pickers that do not rank by score ignore it.
+ROTATE_TIES = "picker.rotate-ties"
 
 
 @runtime_checkable

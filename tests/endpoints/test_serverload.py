@@ -100,3 +100,4 @@ def test_the_columnar_loops_equal_estimate_on_random_pools() -> None:
         assert serverload.tokens_of(eps, load, now, per_request, per_decode) == [
             x.tokens(per_request, per_decode) for x in expected
         ]
+        assert serverload.waiting_of(eps, load, now) == [x.foreign_waiting for x in expected]

@@ -159,9 +159,9 @@ def test_builtin_default_is_the_lab_choice() -> None:
     assert load_scorer.blended  # the servers' reports count, not only picker's ledger
     declared = {p["type"]: p.get("parameters", {}) for p in yaml.safe_load(DEFAULT_CONFIG_TEXT)["plugins"]}
     load_params = declared["token-load-scorer"]
-    assert (load_params["prefillPendingTokens"], load_params["prefillPendingSpeedFrom"]) == (
-        512, "relative-ttft-scorer"
-    )  # fmt: skip
+    assert (
+        load_params["prefillPendingTokens"], load_params["prefillPendingSpeedFrom"], load_params["shortPromptTokens"]
+    ) == (512, "relative-ttft-scorer", 32)  # fmt: skip
     profile = config.profiles["default"]
     assert profile.picker.type == "max-score-picker"
     assert profile.filters == ()

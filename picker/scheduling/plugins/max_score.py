@@ -16,6 +16,11 @@ Parameters: ``maxNumOfEndpoints`` ≥ 1 (reference); picker's ``tieBreak`` and `
 * ``tieTolerance`` 0 (exact ties only; ≥ 0, in score units of the weighted total): endpoints whose total is within
   this of the best count as tied, so a difference smaller than what the scorers can tell apart (a few tokens of
   load, one more block placed) does not decide alone.
+
+A scorer may ask for the rotation for one request (the cycle-state flag ``framework.ROTATE_TIES``; the default's
+token-load-scorer does for short prompts, ``shortPromptTokens``): with ``tieBreak: random`` that request's ties
+are then broken by a rotation of its own, kept over the flagged requests only, so they are spread evenly among
+themselves whatever the other requests' picks were.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from picker.plugins import CycleState, Endpoint, PluginContext, ProfileResult
-from picker.scheduling.framework import Picker
+from picker.scheduling.framework import ROTATE_TIES, Picker
 from picker.scheduling.pickers import CountingParams, CountingPicker
 from picker.scheduling.spec import PluginSpec
 
@@ -47,7 +52,7 @@ class Params(CountingParams):
 
 class MaxScorePicker(CountingPicker):
     type: ClassVar[str] = TYPE
-    __slots__ = ("_first_order", "_last_chosen", "_picks", "_round_robin", "_tolerance")
+    __slots__ = ("_first_order", "_flagged", "_last_chosen", "_picks", "_round_robin", "_tolerance")
 
     def __init__(
         self,
@@ -61,14 +66,23 @@ class MaxScorePicker(CountingPicker):
         super().__init__(name, max_num_of_endpoints, rng)
         self._round_robin = tie_break == "roundRobin"
         self._tolerance = tie_tolerance
-        self._picks = 0  # primaries chosen so far: the clock of ``_last_chosen``
+        self._picks = 0  # primaries chosen by the rotation so far: the clock of ``_last_chosen``
         self._last_chosen: dict[str, int] = {}  # endpoint key -> the pick number when it was last the primary
         self._first_order: dict[str, float] = {}  # endpoint key -> its random place among the never chosen
+        # The rotation of the requests a scorer flagged (``ROTATE_TIES``) when ``tieBreak`` is random.
+        self._flagged: MaxScorePicker | None = None
 
     def pick_ranked(self, endpoints: Sequence[Endpoint], totals: Sequence[float], cycle: CycleState) -> ProfileResult:
         """``pick`` over parallel sequences (the profile's fast path: no ScoredEndpoint per endpoint)."""
         if not endpoints:
             return ProfileResult(())
+        if not self._round_robin and cycle.get(ROTATE_TIES):
+            flagged = self._flagged
+            if flagged is None:
+                flagged = self._flagged = MaxScorePicker(
+                    self.name, self._count, self._rng, tie_break="roundRobin", tie_tolerance=self._tolerance
+                )
+            return flagged.pick_ranked(endpoints, totals, cycle)
         best = max(totals)
         floor = best - self._tolerance
         if self._count == 1:

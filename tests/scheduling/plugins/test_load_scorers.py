@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from picker.plugins import Category, CycleState
+from picker.plugins import Category, CycleState, PluginContext
+from picker.scheduling.framework import ROTATE_TIES
 from picker.scheduling.plugins import active_request, load_aware, token_load
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
 from tests.conftest import endpoint, request
@@ -87,6 +88,61 @@ def test_the_pending_prefill_mark_counts_in_each_servers_time() -> None:
         scorer.bind({"ttft": object()}, ())
     with pytest.raises(ValueError, match="prefillPendingSpeedFrom names plugin 'ttft', which is not declared"):
         scorer.bind({}, ())
+
+
+def _short_scorer(c: PluginContext, *, warm: bool = True) -> token_load.TokenLoadScorer:
+    params = token_load.Params(queueThresholdTokens=1000, prefillPendingTokens=300, shortPromptTokens=32)
+    scorer = token_load.create("t", params, c)
+    assert isinstance(scorer, token_load.TokenLoadScorer)
+    for _ in range(40 if warm else 0):  # the recent prompts: short ones
+        scorer.score(request(prompt_tokens=13), [], CycleState())
+    return scorer
+
+
+def test_a_short_prompt_counts_the_prefills_ahead_of_it_not_the_answers_being_decoded() -> None:
+    c = ctx()
+    c.inflight.acquire(E1.key, 10, 0.0)  # E1: a prefill of picker's pending
+    decoding = c.inflight.acquire(E2.key, 900, 0.0)
+    c.inflight.prefilled(decoding, 0)  # E2: 900 tokens of answer to decode, no prefill pending
+    e3 = endpoint(3, waiting=3, running=1, own_requests=0)  # E3: 3 of another client's requests waiting
+    e4 = endpoint(4, waiting=2, running=0, updated_at=0.0)  # never scraped: nothing known beyond the ledger
+    scorer = _short_scorer(c)
+    cycle = CycleState()
+    scores = by_key(scorer.score(request(prompt_tokens=13), [E1, E2, e3, e4], cycle))
+    assert scores == pytest.approx({E1.key: 1 - 300 / 1000, E2.key: 1.0, e3.key: 1 - 900 / 1000, e4.key: 1.0})
+    assert cycle[ROTATE_TIES] is True
+    # A prompt of 32 tokens is not short: the answers in flight count, and the picker is not asked to rotate.
+    cycle = CycleState()
+    scores = by_key(scorer.score(request(prompt_tokens=32), [E1, E2, e3], cycle))
+    assert scores == pytest.approx({E1.key: 1 - 342 / 1000, E2.key: 1 - 932 / 1000, e3.key: 1 - 32 / 1000})
+    assert ROTATE_TIES not in cycle
+
+
+def test_short_prompts_count_only_their_queue_while_most_recent_prompts_are_short() -> None:
+    c = ctx()
+    c.inflight.acquire(E1.key, 500, 0.0)
+    scorer = _short_scorer(c, warm=False)
+    short, long = request(prompt_tokens=13), request(prompt_tokens=400)
+    decode_counted = {E1.key: pytest.approx(1 - 813 / 1000)}  # 500 in flight + 13 + the pending mark
+    assert by_key(scorer.score(short, [E1], CycleState())) == decode_counted  # the share starts at 0
+    for _ in range(40):
+        scorer.score(short, [E1], CycleState())
+    cycle = CycleState()
+    assert by_key(scorer.score(short, [E1], cycle)) == {E1.key: pytest.approx(1 - 300 / 1000)}
+    assert cycle[ROTATE_TIES] is True
+    for _ in range(40):  # long prompts come to outnumber the short ones
+        scorer.score(long, [E1], CycleState())
+    cycle = CycleState()
+    assert by_key(scorer.score(short, [E1], cycle)) == decode_counted
+    assert ROTATE_TIES not in cycle
+
+
+def test_short_prompts_need_a_pending_mark_at_least_as_long() -> None:
+    assert token_load.Params().short_prompt_tokens == 0  # off by default
+    with pytest.raises(ValidationError, match="set prefillPendingTokens to at least 32"):
+        token_load.Params(shortPromptTokens=32)
+    with pytest.raises(ValidationError, match="at least 64"):
+        token_load.Params(shortPromptTokens=64, prefillPendingTokens=63)
 
 
 def test_token_load_default_threshold_and_validation() -> None:

@@ -7,7 +7,7 @@ import collections
 import pytest
 from pydantic import ValidationError
 
-from picker.scheduling.framework import CycleState, ScoredEndpoint
+from picker.scheduling.framework import ROTATE_TIES, CycleState, ScoredEndpoint
 from picker.scheduling.plugins import max_score
 from tests.conftest import endpoint
 from tests.scheduling.helpers import ctx, ids
@@ -21,9 +21,12 @@ def _picker(**params: object) -> max_score.MaxScorePicker:
     return picker
 
 
-def _first(picker: max_score.MaxScorePicker, *scores: float) -> int:
+def _first(picker: max_score.MaxScorePicker, *scores: float, rotate: bool = False) -> int:
     scored = [ScoredEndpoint(e, s) for e, s in zip(EPS, scores, strict=False)]
-    return ids(picker.pick(scored, CycleState()).targets)[0]
+    cycle = CycleState()
+    if rotate:
+        cycle[ROTATE_TIES] = True
+    return ids(picker.pick(scored, cycle).targets)[0]
 
 
 def test_defaults_are_the_reference_random_exact_ties() -> None:
@@ -65,6 +68,20 @@ def test_round_robin_skips_the_endpoint_a_higher_score_just_took() -> None:
 def test_round_robin_never_prefers_a_lower_score() -> None:
     picker = _picker(tieBreak="roundRobin")
     assert {_first(picker, 1, 1, 0.5, 1, 1) for _ in range(40)} == {1, 2, 4, 5}
+
+
+def test_a_flagged_request_rotates_among_the_flagged_ones_with_random_ties() -> None:
+    picker = _picker()  # random ties
+    picks = []
+    for _ in range(40):
+        picks.append(_first(picker, 1, 1, 1, 1, 1, rotate=True))
+        _first(picker, 1, 1, 1, 1, 1)  # an unflagged pick between each: random, and not part of the rotation
+    assert all(sorted(picks[i : i + 5]) == [1, 2, 3, 4, 5] for i in range(0, len(picks), 5))
+    assert {_first(picker, 1, 1, 0.5, 1, 1, rotate=True) for _ in range(20)} == {1, 2, 4, 5}  # ties only
+    fallbacks = max_score.create("p", max_score.Params(maxNumOfEndpoints=3), ctx(seed=1))
+    cycle = CycleState({ROTATE_TIES: True})
+    firsts = [ids(fallbacks.pick([ScoredEndpoint(e, 1.0) for e in EPS], cycle).targets)[0] for _ in range(10)]
+    assert sorted(firsts) == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
 
 
 def test_tolerance_makes_near_ties_equal_and_no_more() -> None:
