@@ -36,6 +36,7 @@ Everything here is also what the built-in plugins use.
 
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.plugins.api import (
+    ROTATE_TIES,
     Category,
     CycleState,
     Filter,
@@ -67,6 +68,7 @@ ENTRY_POINT_GROUP = "picker.plugins"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ROTATE_TIES",
     "ApiKind",
     "Category",
     "CycleState",

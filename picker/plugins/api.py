@@ -40,6 +40,7 @@ from picker.endpoints.serverload import ServerLoad
 from picker.request.model import InferenceRequest
 
 __all__ = [
+    "ROTATE_TIES",
     "Category",
     "CycleState",
     "Filter",
@@ -70,6 +71,13 @@ class CycleState(dict[str, Any]):
 
     Key entries by your plugin's type and name to avoid clashes; nothing in it outlives the cycle.
     """
+
+
+# A cycle-state flag a scorer sets (``cycle[ROTATE_TIES] = True``) when its scores leave servers tied by design:
+# it counted what decides this request's wait, and nothing differed. ``max-score-picker`` then breaks that
+# request's ties by a rotation (kept over the flagged requests only), not at random, so such requests are spaced
+# evenly (token-load-scorer's ``shortPromptTokens``). Pickers that do not rank by score ignore it.
+ROTATE_TIES = "picker.rotate-ties"
 
 
 class LoadView(Protocol):

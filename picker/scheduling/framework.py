@@ -18,7 +18,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from picker.plugins import api
-from picker.plugins.api import Category, CycleState, PluginContext, ProfileResult, ScoredEndpoint, Scores
+from picker.plugins.api import (
+    ROTATE_TIES,
+    Category,
+    CycleState,
+    PluginContext,
+    ProfileResult,
+    ScoredEndpoint,
+    Scores,
+)
 from picker.plugins.results import (
     EndpointsChanged,
     PluginTiming,
@@ -55,12 +63,6 @@ __all__ = [
     "Scorer",
     "Scores",
 ]
-
-
-# A cycle-state flag a scorer sets when its scores leave servers tied by design (it counted what decides this
-# request's wait, and nothing differed): ``max-score-picker`` then breaks the ties by a rotation, not at random
-# (token-load-scorer's ``shortPromptTokens``). Pickers that do not rank by score ignore it.
-ROTATE_TIES = "picker.rotate-ties"
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from picker.plugins import (
+    ROTATE_TIES,
     Category,
     CycleState,
     Endpoint,
@@ -59,6 +60,15 @@ class FavouriteScorer:
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> Scores:
         return [self.params.score if e.key == self.params.key else 0.0 for e in endpoints]
+
+
+class EvenScorer:
+    """The same score everywhere, and the request's ties taken in turn (``ROTATE_TIES``) unless ``x-random``."""
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> Scores:
+        if "x-random" not in req.headers:
+            cycle[ROTATE_TIES] = True
+        return [0.5] * len(endpoints)
 
 
 class FlakyScorer:

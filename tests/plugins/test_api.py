@@ -32,6 +32,7 @@ def test_the_engine_uses_the_public_types() -> None:
     """One API: the framework re-exports the public classes, it does not define look-alikes."""
     for name in ("Category", "CycleState", "PluginContext", "ProfileResult", "ScoredEndpoint", "SchedulingResult"):
         assert getattr(framework, name) is getattr(api, name)
+    assert framework.ROTATE_TIES is api.ROTATE_TIES
     assert issubclass(framework.Scorer, api.Scorer)
     assert api.ENTRY_POINT_GROUP == "picker.plugins"
 

@@ -146,6 +146,15 @@ def test_a_filter_returning_foreign_endpoints_is_invalid() -> None:
     assert result.targets[0] in EPS
 
 
+def test_a_user_scorer_can_ask_for_its_ties_to_be_taken_in_turn() -> None:
+    scheduler, _, _ = build(HEAD + f"plugins:\n- {{name: even, type: '{SAMPLES}:EvenScorer'}}\n")
+    eps = [endpoint(i) for i in range(1, 6)]
+    flagged = [ids(scheduler.schedule(request(), eps).targets)[0] for _ in range(25)]
+    assert all(sorted(flagged[i : i + 5]) == [1, 2, 3, 4, 5] for i in range(0, 25, 5))  # round robin
+    drawn = [ids(scheduler.schedule(request(headers={"x-random": "1"}), eps).targets)[0] for _ in range(25)]
+    assert any(sorted(drawn[i : i + 5]) != [1, 2, 3, 4, 5] for i in range(0, 25, 5))  # the default: at random
+
+
 def test_a_raising_picker_is_replaced_by_max_score() -> None:
     text = HEAD + f"plugins:\n- {{name: low-p, type: '{SAMPLES}:LowestPicker'}}\n- type: queue-scorer\n"
     scheduler, config, _ = build(text)
