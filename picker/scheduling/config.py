@@ -72,8 +72,8 @@ DEFAULT_PROFILE = "default"
 #   scrape (a poll interval stale) nor picker's ledger (blind to traffic it did not route, empty after a
 #   restart) decides alone; a stale or missing scrape falls back to the ledger; a prompt under 512 tokens
 #   also counts 512 tokens on a server where a prefill of picker's is pending (it would wait for that step),
-#   in that server's time (a slow server's step takes longer), so short requests do not come in runs; a prompt
-#   under 32 tokens, while most recent prompts are that short, counts only the prefills ahead of it (that mark,
+#   in that server's time (a slow server's step takes longer), so short requests do not come in runs; a streamed
+#   prompt under 32 tokens, while most recent requests are such, counts only the prefills ahead of it (that mark,
 #   and 512 tokens per request the server reports waiting beyond picker's), not the answers being decoded, and
 #   the servers left equal are taken in turn (round robin where nothing else differs);
 # * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill

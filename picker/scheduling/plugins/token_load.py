@@ -32,19 +32,22 @@ slower than the pool with a prefill pending and ``f - 1`` without one, since its
 that much longer than an idle fast server's. Without it, a slow server that is sent less is more often without
 a pending prefill, so the mark drew short requests to it.
 
-``shortPromptTokens`` (picker's; default 0: off; at most ``prefillPendingTokens``): a prompt shorter than this
-(a block or two) waits for the prefills ahead of it on a server, not for the answers being decoded there: in a
-continuous batch a decoding sequence adds a fraction of a millisecond to a step, a prefill step tens of
-milliseconds. For such a prompt, while at least half of the recent prompts are as short (a moving average over
-about 50 requests), the load counted is the ``prefillPendingTokens`` mark (as above) plus ``prefillPendingTokens``
-for each request the server reported waiting beyond picker's own in flight (``server_waiting``: other replicas,
-clients that bypass picker); decode tokens are not counted. A server whose batch is full, or whose KV cache is,
-queues new requests, and that shows as waiting. Servers left equal tie, and the request asks the picker to break
-the tie by a rotation (``framework.ROTATE_TIES``), so short requests are spaced evenly, as round robin spaces
-them, instead of following the in-flight load as least connections does (short-long 100 req/s in the lab: 61 ms
-p90 for round robin, 89 for least connections). While short prompts are a minority among long ones, the long
-prompts' prefills and the LoRA adapters' queues decide their wait too, and the tokens in flight count as for
-any request (docs/scheduling.md, issue 13).
+``shortPromptTokens`` (picker's; default 0: off; at most ``prefillPendingTokens``): a streamed request whose prompt
+is shorter than this (a block or two) waits for the prefills ahead of it on a server, not for the answers being
+decoded there: in a continuous batch a decoding sequence adds a fraction of a millisecond to a step, a prefill step
+tens of milliseconds. For such a request, while at least half of the recent requests are such (a moving average
+over about 50 requests), the load counted is the ``prefillPendingTokens`` mark (as above) plus
+``prefillPendingTokens`` for each request the server reported waiting beyond picker's own in flight
+(``server_waiting``: other replicas, clients that bypass picker); decode tokens are not counted. A server whose
+batch is full, or whose KV cache is, queues new requests, and that shows as waiting. Servers left equal tie, and
+the request asks the picker to break the tie by a rotation (``framework.ROTATE_TIES``), so short requests are
+spaced evenly, as round robin spaces them, instead of following the in-flight load as least connections does
+(short-long 100 req/s in the lab: 61 ms p90 for round robin, 89 for least connections). While short prompts are a
+minority among long ones, the long prompts' prefills and the LoRA adapters' queues decide their wait too, and the
+tokens in flight count as for any request (docs/scheduling.md, issue 13). A request that is not streamed waits for
+its whole answer, so the answers being decoded where it goes count for it, and so do requests that linger on a
+stalled server (picker sees no first token of such a response, only its end): without that, a server slowed 15x
+kept its round-robin share of a non-streaming client's short requests (tests/reliability, server_slow).
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ class TokenLoadScorer:
         ctx = self._ctx
         pending = self._prefill_pending
         loads: list[float]
-        if self._short and self._short_prompt(prompt):
+        if self._short and self._short_prompt(prompt, req.stream):
             cycle[ROTATE_TIES] = True
             loads = [pending * w for w in ctx.server_waiting(endpoints)]
         else:
@@ -160,9 +163,10 @@ class TokenLoadScorer:
                 ]
         return ScoreVector(endpoints, [1.0 if x <= 0 else 1.0 - min(x, threshold) / threshold for x in loads])
 
-    def _short_prompt(self, prompt: float) -> bool:
-        """Whether this prompt is short and short prompts are most of the recent ones (updates the share)."""
-        short = prompt < self._short
+    def _short_prompt(self, prompt: float, stream: bool) -> bool:
+        """Whether this prompt is short and streamed, and such prompts are most of the recent ones (updates the
+        share)."""
+        short = stream and prompt < self._short
         self._short_share += _SHORT_SHARE_WEIGHT * ((1.0 if short else 0.0) - self._short_share)
         return short and self._short_share >= _SHORT_SHARE_MIN
 

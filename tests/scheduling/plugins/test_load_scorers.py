@@ -95,7 +95,7 @@ def _short_scorer(c: PluginContext, *, warm: bool = True) -> token_load.TokenLoa
     scorer = token_load.create("t", params, c)
     assert isinstance(scorer, token_load.TokenLoadScorer)
     for _ in range(40 if warm else 0):  # the recent prompts: short ones
-        scorer.score(request(prompt_tokens=13), [], CycleState())
+        scorer.score(request(prompt_tokens=13, stream=True), [], CycleState())
     return scorer
 
 
@@ -108,12 +108,12 @@ def test_a_short_prompt_counts_the_prefills_ahead_of_it_not_the_answers_being_de
     e4 = endpoint(4, waiting=2, running=0, updated_at=0.0)  # never scraped: nothing known beyond the ledger
     scorer = _short_scorer(c)
     cycle = CycleState()
-    scores = by_key(scorer.score(request(prompt_tokens=13), [E1, E2, e3, e4], cycle))
+    scores = by_key(scorer.score(request(prompt_tokens=13, stream=True), [E1, E2, e3, e4], cycle))
     assert scores == pytest.approx({E1.key: 1 - 300 / 1000, E2.key: 1.0, e3.key: 1 - 900 / 1000, e4.key: 1.0})
     assert cycle[ROTATE_TIES] is True
     # A prompt of 32 tokens is not short: the answers in flight count, and the picker is not asked to rotate.
     cycle = CycleState()
-    scores = by_key(scorer.score(request(prompt_tokens=32), [E1, E2, e3], cycle))
+    scores = by_key(scorer.score(request(prompt_tokens=32, stream=True), [E1, E2, e3], cycle))
     assert scores == pytest.approx({E1.key: 1 - 342 / 1000, E2.key: 1 - 932 / 1000, e3.key: 1 - 32 / 1000})
     assert ROTATE_TIES not in cycle
 
@@ -122,7 +122,7 @@ def test_short_prompts_count_only_their_queue_while_most_recent_prompts_are_shor
     c = ctx()
     c.inflight.acquire(E1.key, 500, 0.0)
     scorer = _short_scorer(c, warm=False)
-    short, long = request(prompt_tokens=13), request(prompt_tokens=400)
+    short, long = request(prompt_tokens=13, stream=True), request(prompt_tokens=400, stream=True)
     decode_counted = {E1.key: pytest.approx(1 - 813 / 1000)}  # 500 in flight + 13 + the pending mark
     assert by_key(scorer.score(short, [E1], CycleState())) == decode_counted  # the share starts at 0
     for _ in range(40):
@@ -134,6 +134,20 @@ def test_short_prompts_count_only_their_queue_while_most_recent_prompts_are_shor
         scorer.score(long, [E1], CycleState())
     cycle = CycleState()
     assert by_key(scorer.score(short, [E1], cycle)) == decode_counted
+    assert ROTATE_TIES not in cycle
+
+
+def test_a_short_prompt_not_streamed_counts_the_answers_in_flight() -> None:
+    c = ctx()
+    stuck = c.inflight.acquire(E1.key, 900, 0.0)  # E1: a request lingering (a stalled server, say)
+    c.inflight.prefilled(stuck, 0)
+    scorer = _short_scorer(c)  # the recent requests: short and streamed
+    for _ in range(40):  # a client that does not stream: the whole answer is what it waits for
+        scorer.score(request(prompt_tokens=13), [E1], CycleState())
+    cycle = CycleState()
+    assert by_key(scorer.score(request(prompt_tokens=13), [E1, E2], cycle)) == pytest.approx(
+        {E1.key: 1 - 913 / 1000, E2.key: 1 - 13 / 1000}
+    )
     assert ROTATE_TIES not in cycle
 
 
