@@ -1,4 +1,5 @@
-"""Per-key counts that fade: each unit added loses half its weight every ``half_life_s``.
+"""Per-key counts that fade: each unit added loses half its weight every ``half_life_s``; and the share of recent
+events that were a "yes", fading by event.
 
 What a scorer uses to remember "how much was sent where lately" without a window of events: one float and one
 timestamp per key, brought up to date when read or added to.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-__all__ = ["DecayingCounts"]
+__all__ = ["DecayingCounts", "RecentShare"]
 
 
 class DecayingCounts:
@@ -40,3 +41,21 @@ class DecayingCounts:
             return 0.0
         count, then = found
         return count * math.exp(-self._rate * (now - then)) if now > then else count
+
+
+class RecentShare:
+    """The share of recent events that were a "yes": a moving average over about ``1 / weight`` events (0.02:
+    the last 50), starting at 0. A scorer's test of what most recent requests are (prompts that hit, short ones)."""
+
+    __slots__ = ("_weight", "value")
+
+    def __init__(self, weight: float = 0.02) -> None:
+        if not 0.0 < weight <= 1.0:
+            raise ValueError("weight must be in (0, 1]")
+        self._weight = weight
+        self.value = 0.0
+
+    def add(self, yes: bool) -> float:
+        """Count one event; returns the share after it."""
+        self.value += self._weight * ((1.0 if yes else 0.0) - self.value)
+        return self.value

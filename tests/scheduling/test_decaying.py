@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from picker.scheduling.decaying import DecayingCounts
+from picker.scheduling.decaying import DecayingCounts, RecentShare
 from tests.conftest import FakeClock
 
 
@@ -32,3 +32,11 @@ def test_retain_forgets_other_keys() -> None:
 def test_half_life_must_be_positive() -> None:
     with pytest.raises(ValueError, match="half_life_s"):
         DecayingCounts(0.0, FakeClock())
+
+
+def test_recent_share_is_a_moving_average_over_about_one_over_weight_events() -> None:
+    share = RecentShare(0.5)
+    assert share.value == 0.0
+    assert [share.add(True), share.add(True), share.add(False)] == [0.5, 0.75, 0.375]
+    with pytest.raises(ValueError, match="weight"):
+        RecentShare(0.0)

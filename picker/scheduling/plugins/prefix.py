@@ -98,7 +98,7 @@ from picker.plugins import (
     SchedulingResult,
 )
 from picker.scheduling import native
-from picker.scheduling.decaying import DecayingCounts
+from picker.scheduling.decaying import DecayingCounts, RecentShare
 from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
@@ -121,7 +121,6 @@ __all__ = [
 
 TYPE = "prefix-cache-scorer"
 _FULL_INDEX_SHARE = 0.9  # coldSpreadPlacedWhenFull: an index this full of a server's KV size counts as full
-_HIT_SHARE_WEIGHT = 0.02  # ... and the share of prompts that hit is averaged over about the last 50
 CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
 MATCH_STATE = "prefix-match"  # CycleState key: the match of the last prefix plugin that scored in the cycle
@@ -251,7 +250,7 @@ class PrefixCacheScorer:
         )
         self._speed: SpeedSource | None = None  # ``coldSpreadSpeedFrom``, resolved by ``bind``
         # The share of recent prompts some server held blocks of (``coldSpreadPlacedWhenFull``).
-        self._hit_share = 0.0
+        self._hit_share = RecentShare()
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -267,7 +266,7 @@ class PrefixCacheScorer:
             return ScoreVector.constant(endpoints, 0.0)
         params = self.params
         if params.cold_spread_placed_when_full:
-            self._hit_share += _HIT_SHARE_WEIGHT * ((0.0 if match.cold else 1.0) - self._hit_share)
+            self._hit_share.add(not match.cold)
         if match.cold:
             if params.cold_spread <= 0.0:
                 return ScoreVector.constant(endpoints, 0.0)
@@ -394,7 +393,7 @@ class PrefixCacheScorer:
         high = max(sizes, default=0.0)
         if high <= 0.0:
             return [spread] * len(endpoints)
-        if full and self._hit_share >= 0.5 and all(e.metrics.waiting > 0 for e in endpoints):
+        if full and self._hit_share.value >= 0.5 and all(e.metrics.waiting > 0 for e in endpoints):
             # Every server queues and most prompts come back to content placed earlier (sessions, shared
             # prefixes): from the least placed (the whole spread) to the most (none), as SGLang's smallest tree,
             # so new sessions go round the pool instead of to whichever queue is shortest this instant. One-off

@@ -59,6 +59,7 @@ from pydantic import Field, model_validator
 
 from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
 from picker.scheduling import native
+from picker.scheduling.decaying import RecentShare
 from picker.scheduling.framework import ROTATE_TIES, Scorer
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch, SpeedSource, resolve_speed_source
 from picker.scheduling.scores import ScoreVector
@@ -87,8 +88,7 @@ class Params(PluginParams):
         return self
 
 
-# The share of short prompts is averaged over about the last 50 requests; at least half must be short.
-_SHORT_SHARE_WEIGHT = 0.02
+# At least half of the recent requests (about the last 50) must be short and streamed.
 _SHORT_SHARE_MIN = 0.5
 
 
@@ -121,7 +121,7 @@ class TokenLoadScorer:
         self.name = name
         self._prefill_pending = float(prefill_pending_tokens)
         self._short = float(short_prompt_tokens)
-        self._short_share = 0.0
+        self._short_share = RecentShare()
         self._speed_from = prefill_pending_speed_from
         self._speed: SpeedSource | None = None  # resolved by ``bind``
         self._threshold = float(threshold_tokens)
@@ -167,8 +167,7 @@ class TokenLoadScorer:
         """Whether this prompt is short and streamed, and such prompts are most of the recent ones (updates the
         share)."""
         short = stream and prompt < self._short
-        self._short_share += _SHORT_SHARE_WEIGHT * ((1.0 if short else 0.0) - self._short_share)
-        return short and self._short_share >= _SHORT_SHARE_MIN
+        return self._short_share.add(short) >= _SHORT_SHARE_MIN and short
 
     def bind(self, plugins: Mapping[str, object], profiles: Collection[str]) -> None:
         """Resolve ``prefillPendingSpeedFrom`` (config loading)."""
