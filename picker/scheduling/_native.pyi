@@ -13,7 +13,7 @@ def tokens_of(
     request_tokens: float,
     decode_tokens: float,
     max_age_s: float,
-    requests: bool = False,
+    mode: int = 0,  # 0: tokens_of; 1: requests_of; 2: waiting_of
 ) -> list[float] | None: ...
 def select(
     endpoints: Sequence[Endpoint], loads: list[float], k: int, held: Container[str] | None

@@ -16,7 +16,7 @@ from picker.endpoints.inflight import EndpointLoad
 from picker.endpoints.model import Endpoint
 from picker.scheduling.framework import PluginContext
 
-__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens", "token_load_args"]
+__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens", "server_waiting", "token_load_args"]
 
 
 def load() -> ModuleType | None:
@@ -31,6 +31,7 @@ def load() -> ModuleType | None:
 
 
 module = load()
+_REQUESTS, _WAITING = 1, 2  # tokens_of's modes: serverload.requests_of, serverload.waiting_of
 NATIVE = module is not None  # whether the C extension is in use
 
 
@@ -56,8 +57,20 @@ def server_requests(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[f
     fast = module
     if fast is not None:
         found: list[float] | None = fast.tokens_of(
-            endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, True
+            endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, _REQUESTS
         )
         if found is not None:
             return found
     return ctx.server_requests(endpoints)
+
+
+def server_waiting(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
+    """``ctx.server_waiting(endpoints)``, in C when the extension is in use."""
+    fast = module
+    if fast is not None:
+        found: list[float] | None = fast.tokens_of(
+            endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, _WAITING
+        )
+        if found is not None:
+            return found
+    return ctx.server_waiting(endpoints)

@@ -142,7 +142,7 @@ class TokenLoadScorer:
         loads: list[float]
         if self._short and self._short_prompt(prompt, req.stream):
             cycle[ROTATE_TIES] = True
-            loads = [pending * w for w in ctx.server_waiting(endpoints)]
+            loads = [pending * w for w in native.server_waiting(ctx, endpoints)]
         else:
             in_flight: list[int] | list[float] = (
                 native.server_tokens(ctx, endpoints) if self._blended else ctx.ledger_tokens(endpoints)

@@ -202,7 +202,9 @@ def test_tokens_of_equals_the_python_loop_on_random_pools() -> None:
         expected = serverload.tokens_of(pool, load, now, per_request, per_decode, max_age)
         assert native.tokens_of(pool, loads, now, per_request, per_decode, max_age) == expected
         requests = serverload.requests_of(pool, load, now, max_age)
-        assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, True) == requests
+        assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, 1) == requests
+        waiting = serverload.waiting_of(pool, load, now, max_age)
+        assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, 2) == waiting
 
 
 def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
@@ -219,7 +221,8 @@ def test_counts_too_large_for_exact_doubles_take_the_python_path(monkeypatch: py
     huge = endpoint(2, waiting=2**40, running=3, updated_at=1000.0)
     pool = (endpoint(1, waiting=1, updated_at=1000.0), huge, endpoint(3, updated_at=1000.0))
     assert native.tokens_of(pool, {}, 1000.0, 10.0, 5.0, 2.0) is None
-    assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, True) is None
+    assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, 1) is None
+    assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, 2) is None
     table = native.LoadTable()
     assert table.select(pool, {}, 1000.0, 10.0, 5.0, 2.0, 1, None) is None
     assert table.select(pool, {}, 1000.0, 10.0, 5.0, 2.0, 1, None) is None  # declined when building
