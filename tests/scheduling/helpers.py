@@ -31,7 +31,7 @@ def with_cache_geometry(ep: Endpoint, *, block_size: int | None = None, num_gpu_
 
 
 class FixedSpeeds:
-    """A speed source (``prefix.SpeedSource``) with fixed slowness factors by endpoint key; 1.0 for the rest."""
+    """A speed source (``speed.SpeedSource``) with fixed slowness factors by endpoint key; 1.0 for the rest."""
 
     def __init__(self, factors: Mapping[str, float]) -> None:
         self.factors = factors

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import Field, field_validator
 
@@ -103,6 +103,7 @@ from picker.scheduling.framework import Scorer
 from picker.scheduling.plugins.prefix_index import PrefixIndex, prefix_hashes
 from picker.scheduling.scores import ScoreVector
 from picker.scheduling.spec import PluginSpec
+from picker.scheduling.speed import SpeedSource, resolve_speed_source
 from picker.scheduling.tokens import DEFAULT_CHARS_PER_TOKEN, TokenEstimator
 
 __all__ = [
@@ -112,11 +113,9 @@ __all__ = [
     "Params",
     "PrefixCacheScorer",
     "PrefixMatch",
-    "SpeedSource",
     "create",
     "match_key",
     "over_bound",
-    "resolve_speed_source",
 ]
 
 TYPE = "prefix-cache-scorer"
@@ -196,28 +195,6 @@ class PrefixMatch(NamedTuple):
 
     def uncached_tokens(self, key: str) -> float:
         return self.prompt_tokens - self.matched_tokens(key)
-
-
-@runtime_checkable
-class SpeedSource(Protocol):
-    """A plugin that knows how much slower than the pool each endpoint answers (``relative-ttft-scorer``)."""
-
-    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
-        """For each endpoint, in order: 1.0 for as fast as the pool, else how many times slower (> 1)."""
-        ...
-
-
-def resolve_speed_source(plugins: Mapping[str, object], parameter: str, wanted: str) -> SpeedSource:
-    """The plugin a ``...SpeedFrom`` parameter names; ValueError (a config error) when it is absent or cannot rate
-    the servers' speed."""
-    plugin = plugins.get(wanted)
-    if plugin is None:
-        raise ValueError(f"{parameter} names plugin {wanted!r}, which is not declared")
-    if not isinstance(plugin, SpeedSource):
-        raise ValueError(
-            f"{parameter} names plugin {wanted!r}, which does not rate the servers' speed (a relative-ttft-scorer does)"
-        )
-    return plugin
 
 
 class _Blocks(NamedTuple):

@@ -61,9 +61,10 @@ from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, Plu
 from picker.scheduling import native
 from picker.scheduling.decaying import RecentShare
 from picker.scheduling.framework import ROTATE_TIES, Scorer
-from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch, SpeedSource, resolve_speed_source
+from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch
 from picker.scheduling.scores import ScoreVector
 from picker.scheduling.spec import PluginSpec
+from picker.scheduling.speed import SpeedSource, resolve_speed_source
 
 __all__ = ["SPEC", "TYPE", "Params", "TokenLoadScorer", "create"]
 

@@ -215,6 +215,11 @@ def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
     assert native.tokens_of(pool, {}, 1000.0, 1.0, 1.0, 2.0) is None  # type: ignore[arg-type]
 
 
+def test_tokens_of_rejects_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="mode must be 0"):
+        native.tokens_of([endpoint(1)], {}, 1000.0, 0.0, 0.0, 2.0, 3)
+
+
 def test_counts_too_large_for_exact_doubles_take_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
     # A broken page reporting 2^40 waiting: waiting x foreign overflows a C integer. Python's ints are exact, so
     # the C paths decline and the pre-filter's cut is the pure-Python one.

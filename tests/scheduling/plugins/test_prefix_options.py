@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from picker.endpoints.model import Endpoint
 from picker.plugins import Category, CycleState, ProfileResult, ResponseInfo, SchedulingResult
 from picker.request.model import InferenceRequest
+from picker.scheduling import speed
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, load_config
 from picker.scheduling.plugins import lmetric, prefix
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch, match_key
@@ -168,7 +169,7 @@ def test_the_relative_ttft_scorer_is_a_speed_source_for_the_spread() -> None:
     config = load_config(DEFAULT_CONFIG_TEXT, ctx())
     scorer = config.plugins["prefix-cache-scorer"]
     assert isinstance(scorer, prefix.PrefixCacheScorer)
-    assert isinstance(config.plugins["relative-ttft-scorer"], prefix.SpeedSource)
+    assert isinstance(config.plugins["relative-ttft-scorer"], speed.SpeedSource)
     assert scorer.params.cold_spread_speed_from == "relative-ttft-scorer"
 
 
