@@ -133,3 +133,37 @@ def test_cache_flag_reports_the_reused_runs(tmp_path: Path, capsys: pytest.Captu
     assert "0 of 1 runs from the cache" in capsys.readouterr().out
     assert main(argv) == 0
     assert "1 of 1 runs from the cache" in capsys.readouterr().out
+
+
+def test_several_seeds_compare_the_mean_p90(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, md = tmp_path / "eval.json", tmp_path / "eval.md"
+    argv = ["bench", "lab-eval", "--quick", "--workloads", "short-long", "--scenarios", "plain", "--jobs", "1"]
+    argv += ["--policies", f"rr,lc,{PICKER}", "--requests", "80", "--seeds", "0,1,2"]
+    assert main([*argv, "--json", str(out), "--markdown", str(md)]) == 0
+    text = capsys.readouterr().out
+    doc = orjson.loads(out.read_bytes())
+    assert doc["eval"]["seeds"] == [0, 1, 2]
+    runs = doc["workloads"]["short-long"]["runs"]
+    [rate] = EVAL_WORKLOADS["short-long"].quick_rates
+    p90 = {(r["seed"], r["policy"]): r["ttft_s"]["p90"] for r in runs if r["rate"] == rate}
+    assert len(p90) == 9  # every policy at every seed: the seeds are other runs, not the same one thrice
+    assert len({p90[(seed, PICKER)] for seed in (0, 1, 2)}) > 1
+    mean = {policy: sum(p90[(seed, policy)] for seed in (0, 1, 2)) / 3 for policy in ("rr", "lc", PICKER)}
+    [ratio] = doc["ratios"]
+    best = min(("rr", "lc"), key=mean.__getitem__)
+    assert ratio["best_baseline"] == best
+    assert ratio["picker_p90_s"] == pytest.approx(mean[PICKER])
+    assert ratio["vs_best"] == pytest.approx(mean[best] / mean[PICKER])
+    met = int(ratio["vs_best"] >= 1 / lab_eval.WITHIN)
+    assert doc["within"]["mean"] == [met, 1]
+    for seed in (0, 1, 2):
+        seed_best = min(p90[(seed, "rr")], p90[(seed, "lc")])
+        assert doc["within"][str(seed)] == [int(seed_best / p90[(seed, PICKER)] >= 1 / lab_eval.WITHIN), 1]
+    assert f"{met} of 1 points on the mean p90" in text
+    assert "averaged over seeds 0, 1, 2" in md.read_text()
+
+
+def test_bad_seeds_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for seeds in ("0,x", "1,1", ","):
+        assert main(["bench", "lab-eval", "--quick", "--seeds", seeds]) == 2
+        assert "--seeds" in capsys.readouterr().err
