@@ -54,23 +54,22 @@ def server_tokens(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[flo
 
 def server_requests(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
     """``ctx.server_requests(endpoints)``, in C when the extension is in use."""
-    fast = module
-    if fast is not None:
-        found: list[float] | None = fast.tokens_of(
-            endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, _REQUESTS
-        )
-        if found is not None:
-            return found
-    return ctx.server_requests(endpoints)
+    found = _counts(ctx, endpoints, _REQUESTS)
+    return found if found is not None else ctx.server_requests(endpoints)
 
 
 def server_waiting(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
     """``ctx.server_waiting(endpoints)``, in C when the extension is in use."""
+    found = _counts(ctx, endpoints, _WAITING)
+    return found if found is not None else ctx.server_waiting(endpoints)
+
+
+def _counts(ctx: PluginContext, endpoints: Sequence[Endpoint], mode: int) -> list[float] | None:
+    """The C request counts of ``mode`` (no token weights), or None: no extension, or values it declines."""
     fast = module
-    if fast is not None:
-        found: list[float] | None = fast.tokens_of(
-            endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, _WAITING
-        )
-        if found is not None:
-            return found
-    return ctx.server_waiting(endpoints)
+    if fast is None:
+        return None
+    found: list[float] | None = fast.tokens_of(
+        endpoints, ctx.ledger_loads(), ctx.clock(), 0.0, 0.0, ctx.metrics_max_age_s, mode
+    )
+    return found
