@@ -274,6 +274,8 @@ async def _size_round(
             args.scrape_interval,
             "--metrics-staleness-threshold",
             args.staleness,
+            "--grace-period",  # stopped when its run ends: no gateway is there to notice a drain
+            "0s",
         ]
         if args.prefilter is not None:
             cmd += ["--prefilter-endpoints", str(args.prefilter)]

@@ -43,7 +43,16 @@ async def run_picker(args: Sequence[str], health_url: str | None = None) -> Asyn
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with tempfile.TemporaryFile() as log:
         proc = await asyncio.create_subprocess_exec(
-            *picker_binary(), "serve", *args, env=env, stdout=log, stderr=subprocess.STDOUT
+            # No grace period unless a test asks for one (a later --grace-period wins): nothing here watches
+            # picker's health to notice the drain, and the default 5 s would be spent on every teardown.
+            *picker_binary(),
+            "serve",
+            "--grace-period",
+            "0s",
+            *args,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             if health_url:

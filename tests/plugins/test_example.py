@@ -212,7 +212,7 @@ async def served(plugin_python: Path, tmp_path: Path) -> AsyncIterator[tuple[str
     args = ["--secure-serving=false", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
     args += ["--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port)]
     args += ["--endpoints-file", str(tmp_path / "endpoints.json"), "--refresh-metrics-interval", "1s"]
-    args += ["--config-text", CONFIG, "--explain-header"]
+    args += ["--config-text", CONFIG, "--explain-header", "--grace-period", "0s"]
     with tempfile.TemporaryFile() as log:
         # cwd: the repository, so `tests.plugins.samples:FlakyScorer` imports by module path; the example
         # package itself is importable only from the venv it was installed into.

@@ -23,7 +23,7 @@ async def test_prompt_text_never_appears_in_info_logs() -> None:
         *picker_command(), "serve", "--host", "127.0.0.1", "--secure-serving=false",
         "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port), "--metrics-port", str(metrics_port),
         "--endpoints", f"{backend.hostport},127.0.0.1:1",  # the second one is down: scrape errors get logged
-        "--refresh-metrics-interval", "50ms", "--max-body-bytes", "2048",
+        "--refresh-metrics-interval", "50ms", "--max-body-bytes", "2048", "--grace-period", "0s",
     ]  # fmt: skip
     try:
         async with spawn("picker", argv) as child:
