@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from picker.endpoints.inflight import EndpointLoad
 from picker.endpoints.model import Endpoint
 
-__all__ = ["DEFAULT_MAX_AGE_S", "ServerLoad", "estimate", "requests_of", "tokens_of", "waiting_of"]
+__all__ = ["DEFAULT_MAX_AGE_S", "ServerLoad", "estimate", "foreign_of", "requests_of", "tokens_of", "waiting_of"]
 
 DEFAULT_MAX_AGE_S = 2.0  # as --metrics-staleness-threshold: older samples are not the server's present
 
@@ -128,3 +128,10 @@ def waiting_of(
 ) -> list[float]:
     """``estimate(e, load(e.key), now, max_age_s).foreign_waiting`` for each endpoint, in order."""
     return [waiting for _, _, waiting in _foreign(endpoints, load, now, max_age_s)]
+
+
+def foreign_of(
+    endpoints: Sequence[Endpoint], load: Callable[[str], EndpointLoad], now: float, max_age_s: float = DEFAULT_MAX_AGE_S
+) -> list[float]:
+    """``estimate(e, load(e.key), now, max_age_s).foreign_requests`` for each endpoint, in order."""
+    return [waiting + (foreign - waiting) for _, foreign, waiting in _foreign(endpoints, load, now, max_age_s)]

@@ -176,6 +176,11 @@ class PluginContext:
         waiting beyond picker's own (and its peers') in flight."""
         return serverload.waiting_of(endpoints, self._ledger_get(), self.clock(), self.metrics_max_age_s)
 
+    def server_foreign(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """``server_load(e).foreign_requests`` for each endpoint, in order: the requests each server reported beyond
+        picker's own (and its peers') in flight."""
+        return serverload.foreign_of(endpoints, self._ledger_get(), self.clock(), self.metrics_max_age_s)
+
     def server_tokens(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """``server_load(e).tokens(request_tokens, decode_tokens)`` for each endpoint, in order, foreign requests
         weighed at picker's averages (``InflightTracker.request_tokens`` / ``decode_tokens``)."""

@@ -189,7 +189,7 @@ fail:
 }
 
 /* tokens_of(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, mode=0) -> list[float] | None
- * picker.endpoints.serverload.tokens_of (mode 1: requests_of; mode 2: waiting_of) with ``load`` = loads.get (a dict key ->
+ * picker.endpoints.serverload.tokens_of (mode 1: requests_of; 2: waiting_of; 3: foreign_of) with ``load`` = loads.get (a dict key ->
  * EndpointLoad; absent: zero), the same double arithmetic in the same order. None when a value is not the int/float
  * it should be, or the counts are too large for that arithmetic to be exact (then the caller runs the Python loop). */
 
@@ -251,16 +251,16 @@ static inline int waiting_share(long long foreign, long long waiting, long long 
 static PyObject *tokens_of(PyObject *self, PyObject *args) {
     PyObject *endpoints, *loads;
     double now, rt, dt, max_age;
-    int mode = 0; /* 0 tokens, 1 requests, 2 the foreign waiting requests */
+    int mode = 0; /* 0 tokens, 1 requests, 2 the foreign waiting requests, 3 the foreign requests */
     if (!PyArg_ParseTuple(args, "OO!dddd|i:tokens_of", &endpoints, &PyDict_Type, &loads, &now, &rt, &dt, &max_age,
                           &mode)) {
         return NULL;
     }
-    if (mode < 0 || mode > 2) {
-        PyErr_SetString(PyExc_ValueError, "mode must be 0 (tokens), 1 (requests) or 2 (waiting)");
+    if (mode < 0 || mode > 3) {
+        PyErr_SetString(PyExc_ValueError, "mode must be 0 (tokens), 1 (requests), 2 (waiting) or 3 (foreign)");
         return NULL;
     }
-    int requests = mode == 1, waiting_only = mode == 2;
+    int requests = mode == 1, waiting_only = mode == 2, foreign_only = mode == 3;
     PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -293,7 +293,7 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
         Py_DECREF(updated_obj);
         double value;
         if (updated <= 0.0 || now - updated > max_age) {
-            value = waiting_only ? 0.0
+            value = waiting_only || foreign_only ? 0.0
                     : requests   ? (double)own_requests + 0.0
                                  : (double)own_tokens + 0.0 * rt + 0.0 * dt;
         } else {
@@ -322,7 +322,7 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
             long long reported = waiting + running;
             long long foreign = reported - own_then;
             if (foreign <= 0) {
-                value = waiting_only ? 0.0
+                value = waiting_only || foreign_only ? 0.0
                         : requests   ? (double)own_requests + 0.0
                                      : (double)own_tokens + 0.0 * rt + 0.0 * dt;
             } else {
@@ -333,6 +333,7 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
                     goto rc_fail;
                 }
                 value = waiting_only ? w
+                        : foreign_only ? w + ((double)foreign - w)
                         : requests   ? (double)own_requests + (w + ((double)foreign - w))
                                      : (double)own_tokens + w * rt + ((double)foreign - w) * dt;
             }

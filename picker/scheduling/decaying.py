@@ -45,17 +45,21 @@ class DecayingCounts:
 
 class RecentShare:
     """The share of recent events that were a "yes": a moving average over about ``1 / weight`` events (0.02:
-    the last 50), starting at 0. A scorer's test of what most recent requests are (prompts that hit, short ones)."""
+    the last 50), starting at ``start`` (0). A scorer's test of what most recent requests are (prompts that hit,
+    short ones)."""
 
     __slots__ = ("_weight", "value")
 
-    def __init__(self, weight: float = 0.02) -> None:
+    def __init__(self, weight: float = 0.02, start: float = 0.0) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError("weight must be in (0, 1]")
+        if not 0.0 <= start <= 1.0:
+            raise ValueError("start must be in [0, 1]")
         self._weight = weight
-        self.value = 0.0
+        self.value = start
 
-    def add(self, yes: bool) -> float:
-        """Count one event; returns the share after it."""
-        self.value += self._weight * ((1.0 if yes else 0.0) - self.value)
+    def add(self, yes: bool | float) -> float:
+        """Count one event, a yes (True, 1.0), a no, or a part of a yes (a share in [0, 1] of one event's
+        requests); returns the share after it."""
+        self.value += self._weight * (float(yes) - self.value)
         return self.value

@@ -31,7 +31,7 @@ def load() -> ModuleType | None:
 
 
 module = load()
-_REQUESTS, _WAITING = 1, 2  # tokens_of's modes: serverload.requests_of, serverload.waiting_of
+_REQUESTS, _WAITING, _FOREIGN = 1, 2, 3  # tokens_of's modes: serverload.requests_of, waiting_of, foreign_of
 NATIVE = module is not None  # whether the C extension is in use
 
 
@@ -62,6 +62,12 @@ def server_waiting(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[fl
     """``ctx.server_waiting(endpoints)``, in C when the extension is in use."""
     found = _counts(ctx, endpoints, _WAITING)
     return found if found is not None else ctx.server_waiting(endpoints)
+
+
+def server_foreign(ctx: PluginContext, endpoints: Sequence[Endpoint]) -> list[float]:
+    """``ctx.server_foreign(endpoints)``, in C when the extension is in use."""
+    found = _counts(ctx, endpoints, _FOREIGN)
+    return found if found is not None else ctx.server_foreign(endpoints)
 
 
 def _counts(ctx: PluginContext, endpoints: Sequence[Endpoint], mode: int) -> list[float] | None:

@@ -101,3 +101,4 @@ def test_the_columnar_loops_equal_estimate_on_random_pools() -> None:
             x.tokens(per_request, per_decode) for x in expected
         ]
         assert serverload.waiting_of(eps, load, now) == [x.foreign_waiting for x in expected]
+        assert serverload.foreign_of(eps, load, now) == [x.foreign_requests for x in expected]

@@ -40,3 +40,11 @@ def test_recent_share_is_a_moving_average_over_about_one_over_weight_events() ->
     assert [share.add(True), share.add(True), share.add(False)] == [0.5, 0.75, 0.375]
     with pytest.raises(ValueError, match="weight"):
         RecentShare(0.0)
+
+
+def test_recent_share_can_start_whole_and_count_part_of_an_event() -> None:
+    share = RecentShare(0.5, start=1.0)
+    assert share.value == 1.0
+    assert [share.add(0.0), share.add(0.5), share.add(True)] == [0.5, 0.5, 0.75]
+    with pytest.raises(ValueError, match="start"):
+        RecentShare(0.5, start=1.5)

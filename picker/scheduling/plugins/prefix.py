@@ -66,6 +66,14 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   sessions unless it answers 2x slower (slow-server multi-turn 40 +3 %). picker's default turns it on. The hit
   share is each picker's own: with several independent replicas and no peer exchange each sees a session's
   turns that another routed as cold.
+  Where the servers' requests are nearly all picker's and its peers' (at most 10 % reported beyond them: a moving
+  average over recent cold prompts that starts at "all others'", so it takes ~100 of them to get there), the
+  sharp spread goes to the least placed server alone (the others score none of it, so the load scorers cannot
+  reorder servers a session apart), and it needs every server queueing at a quarter of the recent cold prompts
+  with every index full, not at this very one: far past the knee a scrape that caught one queue empty says
+  little. New sessions then go round the pool as SGLang's (plain multi-turn 80 req/s 2.5 → 2.25 s, cache-aware
+  2.24 s). Where others fill a good part of the queues (bypassing clients, independent replicas) they fill
+  servers the round does not see, and the queues of this moment keep their say as before.
 * ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance,
   after SGLang's cache-aware router (which routes on load alone once max n - min n > abs and max n > rel * min n).
   Here it is the endpoint, not the pool, that is tested: with n_e as for the cap and m the least n among the
@@ -120,6 +128,10 @@ __all__ = [
 
 TYPE = "prefix-cache-scorer"
 _FULL_INDEX_SHARE = 0.9  # coldSpreadPlacedWhenFull: an index this full of a server's KV size counts as full
+# coldSpreadPlacedWhenFull, where picker sent nearly all the work (other clients' requests at most this share of
+# the servers' recent ones) the spread is sharp once every server queued at this share of the recent cold prompts.
+_FOREIGN_SHARE_MAX = 0.1
+_QUEUED_SHARE_MIN = 0.25
 CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
 MATCH_STATE = "prefix-match"  # CycleState key: the match of the last prefix plugin that scored in the cycle
@@ -228,6 +240,11 @@ class PrefixCacheScorer:
         self._speed: SpeedSource | None = None  # ``coldSpreadSpeedFrom``, resolved by ``bind``
         # The share of recent prompts some server held blocks of (``coldSpreadPlacedWhenFull``).
         self._hit_share = RecentShare()
+        # ``coldSpreadPlacedWhenFull``: the share of recent cold prompts (every index full) that found every server
+        # queueing, and the share of the servers' requests that neither picker nor its peers sent, over recent
+        # cold prompts: assumed whole until the servers' reports show otherwise (~100 cold prompts).
+        self._queued_share = RecentShare()
+        self._foreign_share = RecentShare(start=1.0)
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -367,17 +384,41 @@ class PrefixCacheScorer:
             # server answering k times slower than the pool should take about 1/k of its share of them.
             factors = speed.slowness_factors(endpoints)
             sizes = [n * f if f != 1.0 else n for n, f in zip(sizes, factors, strict=True)]
+        queued = all(e.metrics.waiting > 0 for e in endpoints)
+        own_pool = params.cold_spread_placed_when_full and self._own_pool(endpoints)
+        if full:
+            queued_share = self._queued_share.add(queued)
+            # Where picker sent nearly all the work, the pool is past its knee when every server queued at a
+            # quarter of the recent cold prompts, not only at this one: a scrape that caught one queue empty
+            # says little then, and each session sent by the queue of the moment breaks the round.
+            queued = queued or (own_pool and queued_share >= _QUEUED_SHARE_MIN)
         high = max(sizes, default=0.0)
         if high <= 0.0:
             return [spread] * len(endpoints)
-        if full and self._hit_share.value >= 0.5 and all(e.metrics.waiting > 0 for e in endpoints):
+        if full and self._hit_share.value >= 0.5 and queued:
             # Every server queues and most prompts come back to content placed earlier (sessions, shared
             # prefixes): from the least placed (the whole spread) to the most (none), as SGLang's smallest tree,
             # so new sessions go round the pool instead of to whichever queue is shortest this instant. One-off
             # prompts return no work: for them the load scorers' view of the queues should keep its say.
             low = min(sizes)
+            if own_pool:
+                # Only the least placed: new sessions go round the pool strictly, as SGLang's, while the
+                # others' scores would leave the load scorers to reorder servers a session apart. Not where
+                # a good part of the queues is other clients' (they fill servers the round does not see).
+                return [spread if s == low else 0.0 for s in sizes]
             return [spread * (high - s) / (high - low) for s in sizes] if high > low else [spread] * len(endpoints)
         return [spread * (1.0 - s / high) for s in sizes]
+
+    def _own_pool(self, endpoints: Sequence[Endpoint]) -> bool:
+        """Whether, over recent cold prompts, the servers' requests were nearly all picker's or its peers'
+        (at most ``_FOREIGN_SHARE_MAX`` reported beyond them: ``serverload``'s foreign requests)."""
+        ctx = self._ctx
+        if ctx is None:
+            return False
+        total = sum(native.server_requests(ctx, endpoints))
+        if total > 0.0:
+            self._foreign_share.add(min(1.0, sum(native.server_foreign(ctx, endpoints)) / total))
+        return self._foreign_share.value <= _FOREIGN_SHARE_MAX
 
     def _indexes_full(self, endpoints: Sequence[Endpoint]) -> bool:
         """picker's index holds a full KV cache's worth of blocks for every candidate (``coldSpreadPlacedWhenFull``):

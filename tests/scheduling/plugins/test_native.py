@@ -205,6 +205,8 @@ def test_tokens_of_equals_the_python_loop_on_random_pools() -> None:
         assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, 1) == requests
         waiting = serverload.waiting_of(pool, load, now, max_age)
         assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, 2) == waiting
+        foreign = serverload.foreign_of(pool, load, now, max_age)
+        assert native.tokens_of(pool, loads, now, 0.0, 0.0, max_age, 3) == foreign
 
 
 def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
@@ -217,7 +219,7 @@ def test_tokens_of_declines_values_it_cannot_read_exactly() -> None:
 
 def test_tokens_of_rejects_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode must be 0"):
-        native.tokens_of([endpoint(1)], {}, 1000.0, 0.0, 0.0, 2.0, 3)
+        native.tokens_of([endpoint(1)], {}, 1000.0, 0.0, 0.0, 2.0, 4)
 
 
 def test_counts_too_large_for_exact_doubles_take_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,6 +230,7 @@ def test_counts_too_large_for_exact_doubles_take_the_python_path(monkeypatch: py
     assert native.tokens_of(pool, {}, 1000.0, 10.0, 5.0, 2.0) is None
     assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, 1) is None
     assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, 2) is None
+    assert native.tokens_of(pool, {}, 1000.0, 0.0, 0.0, 2.0, 3) is None
     table = native.LoadTable()
     assert table.select(pool, {}, 1000.0, 10.0, 5.0, 2.0, 1, None) is None
     assert table.select(pool, {}, 1000.0, 10.0, 5.0, 2.0, 1, None) is None  # declined when building
@@ -335,8 +338,12 @@ def test_the_context_helpers_equal_the_plugin_context(monkeypatch: pytest.Monkey
         c.inflight.acquire(e.key, rng.randrange(1, 4000), 1000.0)
     assert scheduling_native.server_tokens(c, pool) == c.server_tokens(pool)
     assert scheduling_native.server_requests(c, pool) == c.server_requests(pool)
+    assert scheduling_native.server_waiting(c, pool) == c.server_waiting(pool)
+    assert scheduling_native.server_foreign(c, pool) == c.server_foreign(pool)
+    assert any(scheduling_native.server_foreign(c, pool))  # some servers report requests picker did not send
     monkeypatch.setattr(scheduling_native, "module", None)
     assert scheduling_native.server_tokens(c, pool) == c.server_tokens(pool)
+    assert scheduling_native.server_foreign(c, pool) == c.server_foreign(pool)
 
 
 def test_with_peers_the_load_estimates_count_the_peers_in_flight_requests() -> None:

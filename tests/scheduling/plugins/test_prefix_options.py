@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from picker.endpoints.model import Endpoint
-from picker.plugins import Category, CycleState, ProfileResult, ResponseInfo, SchedulingResult
+from picker.plugins import Category, CycleState, PluginContext, ProfileResult, ResponseInfo, SchedulingResult
 from picker.request.model import InferenceRequest
 from picker.scheduling import speed
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, load_config
@@ -342,6 +342,59 @@ def test_placed_when_full_is_sharp_only_when_every_server_queues_and_prompts_com
     assert by_key(scorer.score(cold, QUEUED, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}  # (6 - n) / (6 - 2)
     one_idle = [*QUEUED[:2], endpoint(3)]
     assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+
+
+def _own_queues(c: PluginContext) -> list[Endpoint]:
+    """The three servers each reporting one request waiting, picker's own (its ledger holds one on each)."""
+    for e in EPS:
+        c.inflight.acquire(e.key, 100, c.clock())
+    return [endpoint(i, waiting=1, own_requests=1) for i in (1, 2, 3)]
+
+
+def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> None:
+    c = ctx()
+    scorer = _filling(c)
+    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
+    own = _own_queues(c)
+    cold = request(prompt="c" * (BLOCK * 2))
+    soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
+    _come_back(scorer, 40)
+    # The queues are assumed others' until the reports show them picker's: min-max, as where others send work.
+    assert by_key(scorer.score(cold, own, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}
+    for _ in range(150):  # cold prompts while every queue is picker's own: the foreign share fades
+        scorer.score(cold, own, CycleState())
+    _come_back(scorer, 60)
+    # Now the whole spread to the least placed only: new sessions go round the pool.
+    assert by_key(scorer.score(cold, own, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    # A scrape that catches one queue empty: most recent cold prompts found every server queueing, still sharp.
+    one_idle = [*own[:2], endpoint(3, own_requests=1)]
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    # When no server queued at a quarter of the recent cold prompts, the spread is soft again.
+    for _ in range(100):
+        scorer.score(cold, one_idle, CycleState())
+    _come_back(scorer, 60)
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+
+
+def test_placed_when_full_keeps_the_load_scorers_say_where_others_fill_the_queues() -> None:
+    c = ctx()
+    scorer = _filling(c)
+    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
+    own = _own_queues(c)
+    # Every server reports 3 requests, picker's own are 1 each: two thirds of the queues are other clients'.
+    shared = [endpoint(i, waiting=3, own_requests=1) for i in (1, 2, 3)]
+    cold = request(prompt="c" * (BLOCK * 2))
+    for _ in range(150):
+        scorer.score(cold, shared, CycleState())
+    _come_back(scorer, 60)
+    assert by_key(scorer.score(cold, shared, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}  # min-max, as before
+    one_idle = [*shared[:2], endpoint(3, own_requests=1)]
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == {
+        E1: 0.0,
+        E2: round(1 - 4 / 6, 9),
+        E3: round(2 / 3, 9),
+    }  # not sharp: the queues of this moment decide, with the load scorers
+    assert own  # the ledger's leases stand for picker's own request on each server
 
 
 def test_placed_when_full_counts_a_slow_server_in_whole_multiples() -> None:
