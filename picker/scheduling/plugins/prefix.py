@@ -384,18 +384,20 @@ class PrefixCacheScorer:
             # server answering k times slower than the pool should take about 1/k of its share of them.
             factors = speed.slowness_factors(endpoints)
             sizes = [n * f if f != 1.0 else n for n, f in zip(sizes, factors, strict=True)]
-        queued = all(e.metrics.waiting > 0 for e in endpoints)
+        # Counted on every cold prompt, so the share is known by the time the indexes are full.
         own_pool = params.cold_spread_placed_when_full and self._own_pool(endpoints)
+        sharp = False
         if full:
+            queued = all(e.metrics.waiting > 0 for e in endpoints)
             queued_share = self._queued_share.add(queued)
             # Where picker sent nearly all the work, the pool is past its knee when every server queued at a
             # quarter of the recent cold prompts, not only at this one: a scrape that caught one queue empty
             # says little then, and each session sent by the queue of the moment breaks the round.
-            queued = queued or (own_pool and queued_share >= _QUEUED_SHARE_MIN)
+            sharp = self._hit_share.value >= 0.5 and (queued or (own_pool and queued_share >= _QUEUED_SHARE_MIN))
         high = max(sizes, default=0.0)
         if high <= 0.0:
             return [spread] * len(endpoints)
-        if full and self._hit_share.value >= 0.5 and queued:
+        if sharp:
             # Every server queues and most prompts come back to content placed earlier (sessions, shared
             # prefixes): from the least placed (the whole spread) to the most (none), as SGLang's smallest tree,
             # so new sessions go round the pool instead of to whichever queue is shortest this instant. One-off
