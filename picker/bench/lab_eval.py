@@ -35,7 +35,7 @@ import stat
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -213,10 +213,12 @@ class Ratio:
     scenario: str = PLAIN
 
 
-def rates_for(w: EvalWorkload, scenario: str, *, quick: bool) -> tuple[float, ...]:
-    if quick:
-        return w.quick_rates
-    return w.rates if scenario == PLAIN else (w.scenario_rates or w.quick_rates)
+def rates_for(
+    w: EvalWorkload, scenario: str, *, quick: bool, only: Collection[float] | None = None
+) -> tuple[float, ...]:
+    """The rates ``w`` runs at under ``scenario``; with ``only``, those of them in it (``--rates``)."""
+    ladder = w.quick_rates if quick else (w.rates if scenario == PLAIN else (w.scenario_rates or w.quick_rates))
+    return ladder if only is None else tuple(r for r in ladder if r in only)
 
 
 def _run_point(
@@ -287,15 +289,16 @@ def evaluate(
     jobs: int = 1,
     log: Callable[[str], None] = print,
     cache: RunCache | None = None,
+    rates: Collection[float] | None = None,
 ) -> dict[tuple[str, str], list[lab_report.Row]]:
-    """Every policy on every workload, under every scenario, at each rate of its ladder; rows per
-    (scenario, workload), in rate then policy order. ``jobs`` > 1 runs them in that many processes; ``cache``
-    supplies the runs it holds and keeps the new ones."""
+    """Every policy on every workload, under every scenario, at each rate of its ladder (those in ``rates``
+    when given); rows per (scenario, workload) that has a rate, in rate then policy order. ``jobs`` > 1 runs
+    them in that many processes; ``cache`` supplies the runs it holds and keeps the new ones."""
     points = [
         (w.name, sc, rate, policy)
         for sc in scenarios
         for w in workloads
-        for rate in rates_for(w, sc, quick=quick)
+        for rate in rates_for(w, sc, quick=quick, only=rates)
         for policy in policies
     ]
     found: dict[tuple[str, str, float, str], lab_report.Row] = {}
@@ -469,11 +472,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--requests", type=int, help="requests per run (default 1500; 400 with --quick)")
     parser.add_argument("--quick", action="store_true", help="one rate per workload and scenario, 400 requests")
+    parser.add_argument(
+        "--rates",
+        metavar="LIST",
+        help="comma list of rates (req/s): only the points at these rates of each workload's ladder",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--seeds",
         metavar="LIST",
-        help="comma list of seeds: every point at each, the ratios of the p90s averaged over them (default: --seed)",
+        help="comma list of seeds or ranges (0,1,2 or 0-9): every point at each, the ratios of the p90s averaged"
+        " over them (default: --seed)",
     )
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: one per core)"
@@ -504,10 +513,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("need --requests >= 1, --jobs >= 1 and at least one policy")
         cache = RunCache(args.cache) if args.cache is not None else None
         seeds = _seeds(args.seeds) if args.seeds is not None else [args.seed]
+        only = _rates(args.rates) if args.rates is not None else None
+        workloads = [EVAL_WORKLOADS[n] for n in names]
+        if only is not None and not any(
+            rates_for(w, sc, quick=args.quick, only=only) for w in workloads for sc in scenarios
+        ):
+            raise ValueError(f"--rates {args.rates!r}: none of the chosen workloads runs at these rates")
     except (ValueError, OSError) as exc:
         print(f"picker bench lab-eval: {exc}", file=sys.stderr)
         return 2
-    workloads = [EVAL_WORKLOADS[n] for n in names]
     started = time.perf_counter()
     try:
         by_seed = {
@@ -520,6 +534,7 @@ def run(args: argparse.Namespace) -> int:
                 scenarios=scenarios,
                 jobs=args.jobs,
                 cache=cache,
+                rates=only,
             )
             for seed in seeds
         }
@@ -531,7 +546,9 @@ def run(args: argparse.Namespace) -> int:
     seed_ratios: dict[int, list[Ratio]] = {seed: [] for seed in seeds}
     for sc in scenarios:
         for w in workloads:
-            rows = results[(sc, w.name)]
+            rows = results.get((sc, w.name))
+            if rows is None:  # no rate of --rates in its ladder
+                continue
             for rate, at in lab_report.by_rate(rows).items():
                 title = f"{w.name} at {rate:g} req/s ({ENGINES} engines, {sc}): {w.what}; {SCENARIOS[sc].what}"
                 lab_report.print_rows(title if len(seeds) == 1 else f"{title} (seed {seeds[0]})", at)
@@ -557,7 +574,7 @@ def run(args: argparse.Namespace) -> int:
             "workloads": {
                 w.name: {
                     "what": w.what,
-                    "rates": {sc: list(rates_for(w, sc, quick=args.quick)) for sc in scenarios},
+                    "rates": {sc: list(rates_for(w, sc, quick=args.quick, only=only)) for sc in scenarios},
                     "engine": {
                         "preset": "h100-8b",
                         "num_gpu_blocks": w.engine.num_gpu_blocks,
@@ -568,7 +585,7 @@ def run(args: argparse.Namespace) -> int:
                         {"scenario": sc, "seed": seed, **_run_json(r)}
                         for seed in seeds
                         for sc in scenarios
-                        for r in by_seed[seed][(sc, w.name)]
+                        for r in by_seed[seed].get((sc, w.name), [])
                     ],
                 }
                 for w in workloads
@@ -603,12 +620,13 @@ def markdown(
         out += [f"Tables: seed {seeds[0]}. Ratios: p90 averaged over seeds {', '.join(map(str, seeds))}.", ""]
     if PLAIN in scenarios:
         for w in workloads:
-            ran = {row.rate for row in results[(PLAIN, w.name)]}
+            ran = {row.rate for row in results.get((PLAIN, w.name), [])}
             plain_cols = [((PLAIN, r), r) for r in rates_for(w, PLAIN, quick=False) if r in ran]
-            out += _table(f"**{w.name}** ({w.what}), TTFT p90:", plain_cols, results, w.name)
+            if plain_cols:
+                out += _table(f"**{w.name}** ({w.what}), TTFT p90:", plain_cols, results, w.name)
     for w in workloads:
         cols = [((sc, rate), rate) for sc in scenarios if sc != PLAIN for rate in sorted(
-            {r.rate for r in results[(sc, w.name)] if r.rate is not None})]  # fmt: skip
+            {r.rate for r in results.get((sc, w.name), []) if r.rate is not None})]  # fmt: skip
         if cols:
             out += _table(f"**{w.name}** under the other scenarios, TTFT p90:", cols, results, w.name)
     met, total = _count(rs)
@@ -649,13 +667,34 @@ def _fmt_s(seconds: float) -> str:
 
 
 def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
     try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
+        for item in (x.strip() for x in text.split(",")):
+            if not item:
+                continue
+            first, dash, last = item.partition("-")
+            if dash and first:
+                low, high = int(first), int(last)
+                if high < low:
+                    raise ValueError
+                seeds += range(low, high + 1)
+            else:
+                seeds.append(int(item))
     except ValueError:
-        raise ValueError(f"--seeds {text!r}: a comma list of integers") from None
+        raise ValueError(f"--seeds {text!r}: a comma list of integers or ranges (0-9)") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds {text!r}: at least one seed, none twice")
     return seeds
+
+
+def _rates(text: str) -> set[float]:
+    try:
+        rates = {float(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise ValueError(f"--rates {text!r}: a comma list of numbers") from None
+    if not rates:
+        raise ValueError(f"--rates {text!r}: at least one rate")
+    return rates
 
 
 def _count(rows: Sequence[Ratio]) -> tuple[int, int]:

@@ -163,7 +163,37 @@ def test_several_seeds_compare_the_mean_p90(tmp_path: Path, capsys: pytest.Captu
     assert "averaged over seeds 0, 1, 2" in md.read_text()
 
 
+def test_rates_and_seed_ranges_pick_the_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 20 req/s is on the ladders of multi-turn and multi-LoRA in both scenarios, on shared-prefix's in the plain
+    # one only, and on none of short-long's: those points run, at both seeds of the range, and nothing else.
+    out, md = tmp_path / "eval.json", tmp_path / "eval.md"
+    argv = ["bench", "lab-eval", "--workloads", "shared-prefix,multi-turn,multi-lora,short-long"]
+    argv += ["--scenarios", "plain,external"]
+    argv += ["--rates", "20", "--policies", f"rr,{PICKER}", "--requests", "60", "--seeds", "3-4", "--jobs", "1"]
+    assert main([*argv, "--json", str(out), "--markdown", str(md)]) == 0
+    doc = orjson.loads(out.read_bytes())
+    assert doc["eval"]["seeds"] == [3, 4]
+    ran = {(w, r["scenario"], r["rate"], r["seed"]) for w, v in doc["workloads"].items() for r in v["runs"]}
+    want = {("multi-turn", sc, 20.0, seed) for sc in ("plain", "external") for seed in (3, 4)}
+    want |= {("multi-lora", sc, 20.0, seed) for sc in ("plain", "external") for seed in (3, 4)}
+    want |= {("shared-prefix", "plain", 20.0, seed) for seed in (3, 4)}
+    assert ran == want
+    assert doc["workloads"]["short-long"]["rates"] == {"plain": [], "external": []}
+    assert {(r["scenario"], r["workload"], r["rate"]) for r in doc["ratios"]} == {
+        (sc, w, 20.0) for sc in ("plain", "external") for w in ("multi-turn", "multi-lora")
+    } | {("plain", "shared-prefix", 20.0)}
+    text = md.read_text()
+    assert "**multi-turn**" in text
+    assert "**short-long**" not in text
+
+
+def test_rates_no_workload_runs_at_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for rates in ("7", "x", ","):
+        assert main(["bench", "lab-eval", "--workloads", "multi-turn", "--rates", rates]) == 2
+        assert "--rates" in capsys.readouterr().err
+
+
 def test_bad_seeds_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    for seeds in ("0,x", "1,1", ","):
+    for seeds in ("0,x", "1,1", ",", "0-2,1", "3-1"):
         assert main(["bench", "lab-eval", "--quick", "--seeds", seeds]) == 2
         assert "--seeds" in capsys.readouterr().err
