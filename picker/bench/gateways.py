@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from picker.bench import demo, envoy, lab_report, ngf, procs
+from picker.bench import demo, envoy, lab_report, listargs, ngf, procs
 from picker.bench import workloads as wl
 
 __all__ = ["configure", "run"]
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    gateways = [g.strip() for g in args.gateways.split(",") if g.strip()]
+    gateways = listargs.names(args.gateways)
     bad = [g for g in gateways if g not in _PHASES]
     if bad or not gateways:
         print(f"picker bench gateways: unknown gateway(s) {bad}; choose from envoy, ngf", file=sys.stderr)

@@ -26,11 +26,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
-from picker.bench import workloads
+from picker.bench import listargs, workloads
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.load import RequestRecord
 from picker.sim.config import preset
@@ -125,18 +124,11 @@ def run_cell(args: argparse.Namespace, ratio: float, replicas: int, seeds: list[
     return cells
 
 
-def _list(text: str, kind: type[float] | type[int]) -> list[Any]:
-    try:
-        return [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"not a comma list of numbers: {text!r}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     try:
-        ratios, replica_counts, seeds = _list(args.ratios, float), _list(args.replicas, int), _list(args.seeds, int)
-        if not ratios or not replica_counts or not seeds or min(ratios) <= 0 or min(replica_counts) < 1:
-            raise ValueError("ratios > 0, replicas >= 1, at least one seed")
+        ratios = listargs.numbers(args.ratios, "--ratios", float, above=0)
+        replica_counts = listargs.numbers(args.replicas, "--replicas", int, least=1)
+        seeds = listargs.numbers(args.seeds, "--seeds", int, least=0, ranges=True, distinct=True)
     except ValueError as exc:
         print(f"picker bench kv-lab: {exc}", file=sys.stderr)
         return 2

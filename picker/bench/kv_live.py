@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import yaml
 
-from picker.bench import envoy, procs
+from picker.bench import envoy, listargs, procs
 from picker.bench import workloads as wl
 from picker.bench.kv_lab import CONFIGS, EXAMPLES
 from picker.bench.load import LoadSpec, run_load
@@ -152,10 +152,10 @@ async def _phase(args: argparse.Namespace, config: str, replicas: int) -> Summar
 
 def run(args: argparse.Namespace) -> int:
     try:
-        replica_counts = [int(x) for x in args.replicas.split(",") if x.strip()]
-        configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-        if not replica_counts or min(replica_counts) < 1 or not set(configs) <= set(CONFIGS) or args.sims < 2:
-            raise ValueError(f"replicas >= 1, configs among {', '.join(CONFIGS)}, --sims >= 2")
+        replica_counts = listargs.numbers(args.replicas, "--replicas", int, least=1)
+        configs = listargs.names(args.configs)
+        if not configs or not set(configs) <= set(CONFIGS) or args.sims < 2:
+            raise ValueError(f"configs among {', '.join(CONFIGS)}, --sims >= 2")
         envoy.envoy_binary()
     except (ValueError, envoy.EnvoyNotFound) as exc:
         print(f"picker bench kv-live: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from picker import errors
-from picker.bench import lab_report
+from picker.bench import lab_report, listargs
 from picker.bench.lab import LabConfig, poisson_schedule, run_lab
 from picker.bench.load_cli import WORKLOADS, build_workload
 from picker.bench.policies import POLICY_NAMES
@@ -91,15 +91,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if args.max_num_seqs is not None:
         changes["max_num_seqs"] = args.max_num_seqs
     if args.lora:
-        changes["lora_adapters"] = tuple(a.strip() for a in args.lora.split(",") if a.strip())
+        changes["lora_adapters"] = tuple(listargs.names(args.lora))
     if args.max_loras is not None:
         changes["max_loras"] = args.max_loras
     return preset(args.preset, **changes)
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    names += [f"config:{path}" for path in args.config]
+    names = listargs.names(args.policies) + [f"config:{path}" for path in args.config]
     if not names:
         raise ValueError("no policies given")
     return names
@@ -107,15 +106,10 @@ def _policies(args: argparse.Namespace) -> list[str]:
 
 def _rates(args: argparse.Namespace) -> list[float]:
     if args.rate is not None:
-        rates = [args.rate]
-    else:
-        try:
-            rates = [float(r) for r in args.rates.split(",") if r.strip()]
-        except ValueError:
-            raise ValueError(f"--rates must be comma-separated numbers, got {args.rates!r}") from None
-    if not rates or any(r <= 0 for r in rates):
-        raise ValueError("rates must be > 0")
-    return rates
+        if args.rate <= 0:
+            raise ValueError(f"--rate {args.rate:g}: above 0")
+        return [args.rate]
+    return listargs.numbers(args.rates, "--rates", float, above=0)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from picker import errors
-from picker.bench import lab_report
+from picker.bench import lab_report, listargs
 from picker.bench import workloads as wl
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.workloads import WorkItem
@@ -496,7 +496,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _names(text: str, known: Sequence[str], what: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = listargs.names(text)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ValueError(f"unknown {what}(s) {unknown}; choose from {', '.join(known)}")
@@ -507,13 +507,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = _names(args.workloads, list(EVAL_WORKLOADS), "workload")
         scenarios = _names(args.scenarios, list(SCENARIOS), "scenario")
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()] + [f"config:{c}" for c in args.config]
+        policies = listargs.names(args.policies) + [f"config:{c}" for c in args.config]
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
         if requests < 1 or not policies or args.jobs < 1:
             raise ValueError("need --requests >= 1, --jobs >= 1 and at least one policy")
         cache = RunCache(args.cache) if args.cache is not None else None
-        seeds = _seeds(args.seeds) if args.seeds is not None else [args.seed]
-        only = _rates(args.rates) if args.rates is not None else None
+        seeds = (
+            listargs.numbers(args.seeds, "--seeds", int, least=0, ranges=True, distinct=True)
+            if args.seeds is not None
+            else [args.seed]
+        )
+        only = set(listargs.numbers(args.rates, "--rates", float, above=0)) if args.rates is not None else None
         workloads = [EVAL_WORKLOADS[n] for n in names]
         if only is not None and not any(
             rates_for(w, sc, quick=args.quick, only=only) for w in workloads for sc in scenarios
@@ -664,37 +668,6 @@ def _table(title: str, cols: Sequence[tuple[tuple[str, float], float]], results:
 
 def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def _seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    try:
-        for item in (x.strip() for x in text.split(",")):
-            if not item:
-                continue
-            first, dash, last = item.partition("-")
-            if dash and first:
-                low, high = int(first), int(last)
-                if high < low:
-                    raise ValueError
-                seeds += range(low, high + 1)
-            else:
-                seeds.append(int(item))
-    except ValueError:
-        raise ValueError(f"--seeds {text!r}: a comma list of integers or ranges (0-9)") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds {text!r}: at least one seed, none twice")
-    return seeds
-
-
-def _rates(text: str) -> set[float]:
-    try:
-        rates = {float(x) for x in text.split(",") if x.strip()}
-    except ValueError:
-        raise ValueError(f"--rates {text!r}: a comma list of numbers") from None
-    if not rates:
-        raise ValueError(f"--rates {text!r}: at least one rate")
-    return rates
 
 
 def _count(rows: Sequence[Ratio]) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from typing import Literal
 
 import orjson
 
+from picker.bench import listargs
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.lab_eval import ENGINES, EVAL_WORKLOADS, PICKER
 from picker.bench.report import summarize
@@ -165,11 +166,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
-        delays = [float(x) for x in args.delays_ms.split(",") if x.strip()]
+        replicas = listargs.numbers(args.replicas, "--replicas", int, least=2)
+        delays = listargs.numbers(args.delays_ms, "--delays-ms", float, least=0)
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
-        if not replicas or min(replicas) < 2 or not delays or min(delays) < 0 or requests < 1 or args.jobs < 1:
-            raise ValueError("replicas >= 2, delays >= 0, --requests >= 1, --jobs >= 1")
+        if requests < 1 or args.jobs < 1:
+            raise ValueError("--requests >= 1, --jobs >= 1")
         if args.flush_ms <= 0 or not 0.0 <= args.loss <= 1.0:
             raise ValueError("--flush-ms > 0 and --loss in [0, 1]")
     except ValueError as exc:

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from picker.bench import lab_pd
+from picker.bench import lab_pd, listargs
 from picker.bench import workloads as wl
 from picker.bench.lab import LabConfig, LabRun, poisson_schedule, run_lab
 from picker.bench.lab_pd import Fleet
@@ -234,25 +234,19 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f}" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def _split(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def run(args: argparse.Namespace) -> int:
     try:
-        workloads = _split(args.workloads)
+        workloads = listargs.names(args.workloads)
         unknown = [w for w in workloads if w not in WORKLOADS]
         if unknown or not workloads:
             raise ValueError(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
-        fleets = [Fleet.parse(f) for f in _split(args.fleets)]
-        deciders = _split(args.deciders)
+        fleets = [Fleet.parse(f) for f in listargs.names(args.fleets)]
+        deciders = listargs.names(args.deciders)
         for d in deciders:
             lab_pd.pd_config(d)
         if not fleets or not deciders:
             raise ValueError("need at least one fleet and one decider")
-        rates = [float(r) for r in _split(args.rates)] if args.rates else None
-        if rates is not None and any(r <= 0 for r in rates):
-            raise ValueError("rates must be > 0")
+        rates = listargs.numbers(args.rates, "--rates", float, above=0) if args.rates else None
         requests = 200 if args.quick else args.requests
         if requests < 1 or args.link_gbps <= 0:
             raise ValueError("--requests must be >= 1 and --link-gbps > 0")

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from picker.bench import listargs
 from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, merge_results, run_load
 from picker.bench.report import plot, print_summary, summarize, to_json
@@ -99,8 +100,8 @@ def build_workload(args: argparse.Namespace) -> wl.Workload:
     else:
         workload = wl.fixed_lengths(prompt_len=args.prompt_len, output_len=args.output_len, seed=seed)
     if args.lora:
-        adapters = [a.strip() for a in args.lora.split(",") if a.strip()]
-        weights = [float(x) for x in args.lora_weights.split(",")] if args.lora_weights else None
+        adapters = listargs.names(args.lora)
+        weights = listargs.numbers(args.lora_weights, "--lora-weights", float, least=0) if args.lora_weights else None
         workload = wl.multi_lora(workload, adapters, weights, seed=seed)
     if args.fixed is not None:
         workload = wl.with_fixed(workload, args.fixed)
@@ -109,8 +110,8 @@ def build_workload(args: argparse.Namespace) -> wl.Workload:
 
 def _stages(args: argparse.Namespace) -> list[tuple[float | None, int | None]]:
     if args.concurrency:
-        return [(None, int(c)) for c in args.concurrency.split(",") if c.strip()]
-    return [(float(r), None) for r in (args.rate or "1").split(",") if r.strip()]
+        return [(None, c) for c in listargs.numbers(args.concurrency, "--concurrency", int, least=1)]
+    return [(r, None) for r in listargs.numbers(args.rate or "1", "--rate", float, above=0)]
 
 
 def _headers(raw: list[str]) -> tuple[tuple[str, str], ...]:
@@ -142,7 +143,7 @@ async def _run_stages(args: argparse.Namespace, workload: wl.Workload) -> list[L
                 seed=args.seed,
                 headers=headers,
             )
-            urls = [u.strip() for u in args.url.split(",") if u.strip()]
+            urls = listargs.names(args.url)
             if show and len(urls) == 1:
                 result = await _with_progress(urls[0], workload, spec, session)
             else:

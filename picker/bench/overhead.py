@@ -56,7 +56,7 @@ import orjson
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from picker.bench import procs
+from picker.bench import listargs, procs
 from picker.bench.extproc_client import ExtProcClient, build_messages
 
 __all__ = ["ClientNotFound", "Row", "Summary", "configure", "go_client", "prompt_bodies", "run", "summarize"]
@@ -193,6 +193,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        plan = _Plan(
+            counts=listargs.numbers(args.endpoints, "--endpoints", int, least=1),
+            sizes=listargs.numbers(args.sizes, "--sizes", int, least=1),
+            worker_counts=listargs.numbers(args.workers, "--workers", int, least=1),
+            fronts=listargs.names(args.fronts),
+        )
+        if not plan.fronts or not set(plan.fronts) <= _FRONTS:
+            raise ValueError(f"--fronts {args.fronts!r}: a comma list of {', '.join(sorted(_FRONTS))}")
+    except ValueError as exc:
+        print(f"picker bench overhead: {exc}", file=sys.stderr)
+        return 2
     if args.fresh and args.client != "go":
         print("picker bench overhead: --fresh needs --client go", file=sys.stderr)
         return 2
@@ -202,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         except ClientNotFound as exc:
             print(f"picker bench overhead: {exc}", file=sys.stderr)
             return 2
-    rows = asyncio.run(_main(args))
+    rows = asyncio.run(_main(plan, args))
     summaries = summarize(rows)
     print(f"throughput client: {args.client}; {max(1, args.repeat)} round(s), medians")
     _print_table(summaries)
@@ -213,26 +225,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _main(args: argparse.Namespace) -> list[Row]:
-    counts = [int(x) for x in args.endpoints.split(",")]
-    sizes = [int(x) for x in args.sizes.split(",")]
-    worker_counts = [int(x) for x in args.workers.split(",")]
+@dataclass(frozen=True)
+class _Plan:
+    """What to measure: the flags' comma lists, parsed."""
+
+    counts: list[int]  # endpoints
+    sizes: list[int]  # prompt bytes
+    worker_counts: list[int]
+    fronts: list[str]
+
+
+_FRONTS = frozenset({"native", "grpc"})
+
+
+async def _main(plan: _Plan, args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
-    async with _metrics_stub(max(counts)) as metrics_port:
+    async with _metrics_stub(max(plan.counts)) as metrics_port:
         for round_ in range(max(1, args.repeat)):
-            for size in sizes:
-                rows.extend(await _size_round(round_, size, counts, worker_counts, metrics_port, args))
+            for size in plan.sizes:
+                rows.extend(await _size_round(round_, size, plan, metrics_port, args))
     return rows
 
 
-async def _size_round(
-    round_: int, size: int, counts: list[int], worker_counts: list[int], metrics_port: int, args: argparse.Namespace
-) -> list[Row]:
+async def _size_round(round_: int, size: int, plan: _Plan, metrics_port: int, args: argparse.Namespace) -> list[Row]:
     """One round at one prompt size: the do-nothing server (as many processes as each worker count), then every
     picker configuration."""
     rows: list[Row] = []
     bodies = prompt_bodies(size)
-    fronts = [f.strip() for f in args.fronts.split(",") if f.strip()]
+    counts, worker_counts, fronts = plan.counts, plan.worker_counts, plan.fronts
     nulls: list[tuple[str, list[str]]] = [("do-nothing", [])] + (
         [("do-nothing/native", ["--native"])] if "native" in fronts else []
     )

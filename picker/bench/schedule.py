@@ -26,9 +26,11 @@ import asyncio
 import itertools
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
+from picker.bench import listargs
 from picker.bench import path as whole_path
 from picker.bench.overhead import fresh_prompt_bodies, prompt_bodies
 from picker.endpoints.inflight import InflightTracker
@@ -65,12 +67,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        counts = listargs.numbers(args.endpoints, "--endpoints", int, least=1)
+        sizes = listargs.numbers(args.sizes, "--sizes", int, least=1)
+    except ValueError as exc:
+        print(f"picker bench schedule: {exc}", file=sys.stderr)
+        return 2
     config_text = Path(args.config).read_text() if args.config else None
     print(
         f"{'endpoints':>10}{'prompt':>10}{'us/cycle':>10}" + (f"{'whole path us/req':>19}" if args.whole_path else "")
     )
-    for count in (int(x) for x in args.endpoints.split(",")):
-        for size in (int(x) for x in args.sizes.split(",")):
+    for count in counts:
+        for size in sizes:
             line = f"{count:>10}{size // 1024:>7} KiB{_measure(count, size, config_text, args):>10.1f}"
             if args.whole_path:
                 line += f"{asyncio.run(_measure_path(count, size, config_text, args)):>19.1f}"

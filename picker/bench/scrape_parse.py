@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from picker.bench import listargs
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.store import EndpointStore
 from picker.scrape import engines
@@ -294,9 +295,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        counts = [int(n) for n in str(args.models).split(",") if n.strip()]
-    except ValueError:
-        print(f"--models: expected counts like 1,3, got {args.models!r}")
+        counts = listargs.numbers(str(args.models), "--models", int, least=1)
+    except ValueError as exc:
+        print(f"picker bench scrape-parse: {exc}", file=sys.stderr)
         return 2
     print(f"{'page':<24}{'parser':<52}{'µs/page':>11}{'pages/s':>10}{'ratio':>8}")
     models: list[str] = []
