@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -55,6 +54,7 @@ from picker.scheduling.config import SchedulerConfig, load_config, load_config_f
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
+from picker.scheduling.units import duration_arg as parse_duration
 from picker.scrape import poller
 from picker.scrape.share import ScrapeShare
 from picker.settings import PeerSettings, ScrapeSettings, ServerSettings, Settings
@@ -370,29 +370,6 @@ def _peer_settings(args: argparse.Namespace) -> PeerSettings:
         flush_interval_s=flush_s,
         state_ttl_s=args.peer_state_ttl,
     )
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a Go duration (``50ms``, ``1m30s``) or a plain number of seconds."""
-    text = text.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        pos, value = 0, 0.0
-        for match in _DURATION.finditer(text):
-            if match.start() != pos:
-                break
-            value += float(match.group(1)) * _UNIT_S[match.group(2)]
-            pos = match.end()
-        if pos != len(text) or not text:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 50ms, 2s, 1m30s") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration can't be negative")
-    return value
 
 
 def _bool(text: str) -> bool:

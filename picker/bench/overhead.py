@@ -58,6 +58,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from picker.bench import listargs, procs
 from picker.bench.extproc_client import ExtProcClient, build_messages
+from picker.scheduling.units import duration_arg
 
 __all__ = ["ClientNotFound", "Row", "Summary", "configure", "go_client", "prompt_bodies", "run", "summarize"]
 
@@ -174,8 +175,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every configuration (medians shown)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput pass")
     parser.add_argument("--latency-requests", type=int, default=300, help="sequential requests, latency pass")
-    parser.add_argument("--scrape-interval", default="1s", help="picker's --refresh-metrics-interval")
-    parser.add_argument("--staleness", default="2s", help="picker's --metrics-staleness-threshold")
+    parser.add_argument(
+        "--scrape-interval", type=_go_duration, default="1s", help="picker's --refresh-metrics-interval"
+    )
+    parser.add_argument("--staleness", type=_go_duration, default="2s", help="picker's --metrics-staleness-threshold")
     parser.add_argument(
         "--prefilter", type=int, default=None, help="picker's --prefilter-endpoints (default: picker's default)"
     )
@@ -190,6 +193,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON here")
     parser.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
+
+
+def _go_duration(text: str) -> str:
+    """A duration flag handed on to ``picker serve`` as written, once it reads as one (a usage error here, not a
+    server that exits at start)."""
+    duration_arg(text)
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

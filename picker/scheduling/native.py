@@ -16,7 +16,16 @@ from picker.endpoints.inflight import EndpointLoad
 from picker.endpoints.model import Endpoint
 from picker.scheduling.framework import PluginContext
 
-__all__ = ["NATIVE", "load", "module", "server_requests", "server_tokens", "server_waiting", "token_load_args"]
+__all__ = [
+    "NATIVE",
+    "load",
+    "module",
+    "server_foreign",
+    "server_requests",
+    "server_tokens",
+    "server_waiting",
+    "token_load_args",
+]
 
 
 def load() -> ModuleType | None:

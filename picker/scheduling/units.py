@@ -6,9 +6,10 @@ Both raise ``ValueError`` (pydantic validators turn it into a ``ConfigError`` na
 
 from __future__ import annotations
 
+import argparse
 import re
 
-__all__ = ["duration_s", "quantity"]
+__all__ = ["duration_arg", "duration_s", "quantity"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -56,6 +57,14 @@ def duration_s(value: object) -> float:
     if seconds < 0:
         raise ValueError(f"{value!r}: a duration can't be negative")
     return seconds
+
+
+def duration_arg(text: str) -> float:
+    """``duration_s`` as an argparse ``type``: a bad value is a usage error naming the flag."""
+    try:
+        return duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def quantity(value: object) -> int:

@@ -254,3 +254,11 @@ def test_the_do_nothing_server_runs_several_processes_on_one_port_and_stops_them
     while any(Path(f"/proc/{pid}").exists() for pid in spawned) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(Path(f"/proc/{pid}/stat").exists() for pid in spawned)
+
+
+@pytest.mark.parametrize("flag", ["--scrape-interval", "--staleness"])
+def test_a_bad_duration_is_a_usage_error_not_a_server_that_fails(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "overhead", flag, "2x"])
+    assert exited.value.code == 2
+    assert f"argument {flag}: '2x' is not a duration" in capsys.readouterr().err
