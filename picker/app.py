@@ -54,6 +54,7 @@ from picker.scheduling.config import SchedulerConfig, load_config, load_config_f
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
+from picker.scheduling.units import bool_arg
 from picker.scheduling.units import duration_arg as parse_duration
 from picker.scrape import poller
 from picker.scrape.share import ScrapeShare
@@ -133,7 +134,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--host", default=srv.host, help="address to listen on")
     add(
         "--secure-serving",
-        type=_bool,
+        type=bool_arg,
         nargs="?",
         const=True,
         default=srv.secure_serving,
@@ -143,7 +144,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--cert-path", default=None, help="directory with tls.crt and tls.key (default: self-signed at start)")
     add(
         "--enable-cert-reload",
-        type=_bool,
+        type=bool_arg,
         nargs="?",
         const=True,
         default=srv.cert_reload,
@@ -153,7 +154,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--client-ca-file", default=None, help="PEM CA bundle: require gateway client certificates it signed (mTLS)")
     add(
         "--metrics-endpoint-auth",
-        type=_bool,
+        type=bool_arg,
         nargs="?",
         const=True,
         default=srv.metrics_endpoint_auth,
@@ -181,7 +182,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--disable-endpoint-subset-filter",
-        type=_bool,
+        type=bool_arg,
         nargs="?",
         const=True,
         default=False,
@@ -219,7 +220,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--explain-header",
-        type=_bool,
+        type=bool_arg,
         nargs="?",
         const=True,
         default=False,
@@ -370,15 +371,6 @@ def _peer_settings(args: argparse.Namespace) -> PeerSettings:
         flush_interval_s=flush_s,
         state_ttl_s=args.peer_state_ttl,
     )
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
 def load(args: argparse.Namespace) -> tuple[Settings, kubesettings.KubeSettings | None]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from picker.discovery import kubeobjects
 from picker.discovery.kubeobjects import POOL_GROUP, POOL_GROUP_V1ALPHA2, Selector
 from picker.errors import ConfigError
+from picker.scheduling.units import bool_arg
 
 __all__ = ["KubeSettings", "configure", "settings_from_args"]
 
@@ -88,22 +89,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
     group.add_argument(
         "--ha-enable-leader-election",
-        type=_bool,
+        type=bool_arg,
         nargs="?",
         const=True,
         default=False,
         metavar="BOOL",
         help="active-passive replicas: only the holder of the pool's Lease reports ready (needs --pool-name)",
     )
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> KubeSettings | None:

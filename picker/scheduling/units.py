@@ -1,7 +1,8 @@
 """Configuration values in Kubernetes spelling: Go durations (``200ms``, ``1m30s``) and resource quantities
 (``1Gi``, ``500M``), as the EndpointPickerConfig writes them. Plain numbers are seconds / bytes.
 
-Both raise ``ValueError`` (pydantic validators turn it into a ``ConfigError`` naming the key).
+Both raise ``ValueError`` (pydantic validators turn it into a ``ConfigError`` naming the key). The command
+line spells them the same way: ``duration_arg`` and ``bool_arg`` are the argparse ``type``s of picker's flags.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["duration_arg", "duration_s", "quantity"]
+__all__ = ["bool_arg", "duration_arg", "duration_s", "quantity"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -57,6 +58,17 @@ def duration_s(value: object) -> float:
     if seconds < 0:
         raise ValueError(f"{value!r}: a duration can't be negative")
     return seconds
+
+
+def bool_arg(text: str) -> bool:
+    """A true/false flag value (``--secure-serving=false``) as an argparse ``type``: true, 1, yes, on or false, 0,
+    no, off, in any case."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
 def duration_arg(text: str) -> float:

@@ -1,10 +1,12 @@
-"""Go durations and Kubernetes quantities."""
+"""Go durations and Kubernetes quantities, and the flags spelled like them."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from picker.scheduling.units import duration_s, quantity
+from picker.scheduling.units import bool_arg, duration_arg, duration_s, quantity
 
 
 @pytest.mark.parametrize(
@@ -32,3 +34,24 @@ def test_quantities(text: object, amount: int) -> None:
 def test_bad_quantities(bad: object) -> None:
     with pytest.raises(ValueError, match="quantity"):
         quantity(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("true", True), (" Yes", True), ("ON", True), ("1", True), ("false", False), ("no", False), ("Off ", False),
+     ("0", False)],
+)  # fmt: skip
+def test_bool_arg_reads_the_usual_spellings(text: str, value: bool) -> None:
+    assert bool_arg(text) is value
+
+
+@pytest.mark.parametrize("text", ["", "maybe", "2", "truee"])
+def test_bool_arg_refuses_others_as_a_usage_error(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="is not true or false"):
+        bool_arg(text)
+
+
+def test_duration_arg_is_duration_s_with_a_usage_error() -> None:
+    assert duration_arg("1m30s") == 90.0
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a duration like"):
+        duration_arg("5x")
