@@ -54,7 +54,7 @@ from picker.scheduling.config import SchedulerConfig, load_config, load_config_f
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
-from picker.scheduling.units import bool_arg
+from picker.scheduling.units import bool_arg, port_arg
 from picker.scheduling.units import duration_arg as parse_duration
 from picker.scrape import poller
 from picker.scrape.share import ScrapeShare
@@ -128,9 +128,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """``picker serve`` flags: the reference EPP's names (and defaults) where it has them, then picker's."""
     srv, scr = ServerSettings(), ScrapeSettings()
     add = parser.add_argument
-    add("--grpc-port", type=int, default=srv.grpc_port, help="ext_proc gRPC port (0: any free port)")
-    add("--grpc-health-port", type=int, default=srv.health_port, help="gRPC health port (plaintext)")
-    add("--metrics-port", type=int, default=srv.metrics_port, help="Prometheus /metrics port (0: off)")
+    add("--grpc-port", type=port_arg, default=srv.grpc_port, help="ext_proc gRPC port (0: any free port)")
+    add("--grpc-health-port", type=port_arg, default=srv.health_port, help="gRPC health port (plaintext)")
+    add("--metrics-port", type=port_arg, default=srv.metrics_port, help="Prometheus /metrics port (0: off)")
     add("--host", default=srv.host, help="address to listen on")
     add(
         "--secure-serving",
@@ -278,7 +278,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="active-active: find the replicas in this Service's EndpointSlices",
     )
-    add("--peer-port", type=int, default=peer.port, help="peer exchange port (mutual TLS with the --cert-path pair)")
+    add(
+        "--peer-port",
+        type=port_arg,
+        default=peer.port,
+        help="peer exchange port (mutual TLS with the --cert-path pair)",
+    )
     add(
         "--peer-flush-interval",
         type=parse_duration,
@@ -950,5 +955,9 @@ async def start_metrics(
         app.on_cleanup.append(on_cleanup)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise errors.ConfigError(f"cannot listen on {host}:{port} (--metrics-port): {exc.strerror or exc}") from exc
     return runner

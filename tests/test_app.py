@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,34 @@ async def test_a_port_in_use_is_a_config_error() -> None:
         with pytest.raises(errors.ConfigError, match="cannot listen on"):
             async with app.serving(taken, store=EndpointStore(), scrape=False):
                 pass
+
+
+async def test_a_metrics_port_in_use_is_a_config_error_and_frees_what_started() -> None:
+    with socket.socket() as probe:  # a free port for the ext_proc server, known in advance
+        probe.bind(("127.0.0.1", 0))
+        grpc_port = probe.getsockname()[1]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        settings = base_settings(grpc_port=grpc_port, metrics_port=taken)
+        with pytest.raises(errors.ConfigError, match=f"cannot listen on 127.0.0.1:{taken} \\(--metrics-port\\)"):
+            async with app.serving(settings, store=EndpointStore(), scrape=False):
+                pass
+    # What it had started was stopped: the ext_proc port is free again.
+    async with app.serving(base_settings(grpc_port=grpc_port), store=EndpointStore(), scrape=False) as running:
+        assert running.grpc_port == grpc_port
+
+
+@pytest.mark.parametrize("flag", ["--grpc-port", "--grpc-health-port", "--metrics-port", "--peer-port"])
+@pytest.mark.parametrize("value", ["-1", "65536", "http"])
+def test_a_port_flag_out_of_range_is_a_usage_error(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="picker serve")
+    app.configure(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([f"{flag}={value}"])
+    assert exited.value.code == 2
+    assert f"argument {flag}: '{value}'" in capsys.readouterr().err
 
 
 def test_a_missing_cert_path_is_a_config_error(tmp_path: Path) -> None:

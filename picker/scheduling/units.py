@@ -2,7 +2,8 @@
 (``1Gi``, ``500M``), as the EndpointPickerConfig writes them. Plain numbers are seconds / bytes.
 
 Both raise ``ValueError`` (pydantic validators turn it into a ``ConfigError`` naming the key). The command
-line spells them the same way: ``duration_arg`` and ``bool_arg`` are the argparse ``type``s of picker's flags.
+line spells them the same way: ``duration_arg``, ``bool_arg`` and ``port_arg`` are the argparse ``type``s of
+picker's flags.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["bool_arg", "duration_arg", "duration_s", "quantity"]
+__all__ = ["bool_arg", "duration_arg", "duration_s", "port_arg", "quantity"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -77,6 +78,17 @@ def duration_arg(text: str) -> float:
         return duration_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def port_arg(text: str) -> int:
+    """A TCP port flag (``--grpc-port 9002``; 0: any free port) as an argparse ``type``: 0 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is 0 to 65535")
+    return port
 
 
 def quantity(value: object) -> int:

@@ -28,6 +28,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from picker.scheduling.units import port_arg
 from picker.sim.config import DEFAULT_LINK_GBPS, KV_BYTES_PER_TOKEN_8B, PRESETS, EngineConfig, link_s_per_token, preset
 from picker.sim.faults import ERROR_TYPES, METRICS_MODES, Faults
 from picker.sim.server import KVEventsOptions, ServerConfig, SimServer
@@ -39,10 +40,10 @@ __all__ = ["configure", "engine_config", "kv_events", "ports", "run", "serve", "
 def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("listening")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
-    g.add_argument("--port", type=int, default=8000, help="single port (default 8000)")
+    g.add_argument("--port", type=port_arg, default=8000, help="single port (default 8000)")
     g.add_argument("--ports", help="comma-separated ports, one server each")
     g.add_argument("--count", type=int, help="number of servers on consecutive ports from --base-port")
-    g.add_argument("--base-port", type=int, default=8000)
+    g.add_argument("--base-port", type=port_arg, default=8000)
     g.add_argument("--duration-s", type=float, help="exit after this many seconds")
     g.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
 
@@ -98,9 +99,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--startup-s", type=float, default=0.0, help="cold start: open the port after this long")
 
     k = parser.add_argument_group("KV-cache events (vLLM's ZeroMQ wire)")
-    k.add_argument("--kv-events-port", type=int, help="bind a PUB socket here (server i: port + i; 0: any)")
+    k.add_argument("--kv-events-port", type=port_arg, help="bind a PUB socket here (server i: port + i; 0: any)")
     k.add_argument("--zmq-endpoint", help="dial this SUB socket instead (picker's central mode), e.g. tcp://h:5557")
-    k.add_argument("--kv-events-replay-port", type=int, help="serve replays on a ROUTER socket (server i: port + i)")
+    k.add_argument(
+        "--kv-events-replay-port", type=port_arg, help="serve replays on a ROUTER socket (server i: port + i)"
+    )
     k.add_argument("--event-batch-size", type=int, default=16, help="events per published batch (default 16)")
     k.add_argument("--use-vllm-map-event-format", action="store_true", help="events as maps, not arrays")
     k.add_argument("--hash-seed", type=int, help="block-hash seed (vLLM's PYTHONHASHSEED; default 0)")
