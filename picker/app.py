@@ -50,6 +50,7 @@ from picker.peers import discovery as peer_discovery
 from picker.peers import transport
 from picker.peers.exchange import Exchange
 from picker.peers.node import PeerNode
+from picker.scheduling import units
 from picker.scheduling.config import SchedulerConfig, load_config, load_config_file
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
@@ -189,11 +190,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="BOOL",
         help="ignore the proxy's subset hint",
     )
-    add("--max-body-bytes", type=int, default=srv.max_body_bytes, help="request bodies over this get 413")
-    add("--max-header-bytes", type=int, default=srv.max_header_bytes, help="request headers over this get 431")
+    add("--max-body-bytes", type=units.at_least(1), default=srv.max_body_bytes, help="request bodies over this get 413")
+    add(
+        "--max-header-bytes",
+        type=units.at_least(1),
+        default=srv.max_header_bytes,
+        help="request headers over this get 431",
+    )
     add(
         "--retry-after",
-        type=int,
+        type=units.at_least(0),
         default=srv.retry_after_s,
         metavar="SECONDS",
         help="add Retry-After: SECONDS to 429 and 503 answers (0: none)",
@@ -214,7 +220,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--prefilter-endpoints",
-        type=int,
+        type=units.at_least(0),
         default=Settings().prefilter_endpoints,
         help="pools larger than this score only this many least loaded endpoints plus the prefix holders (0: off)",
     )

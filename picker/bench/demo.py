@@ -44,6 +44,7 @@ from picker.bench import envoy, lab_report, ngf, procs
 from picker.bench import stack as stack_procs
 from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, run_load
+from picker.scheduling import units
 
 __all__ = ["DemoPlan", "configure", "phase", "plan_from_args", "run"]
 
@@ -72,12 +73,16 @@ class DemoPlan:
 def configure(parser: argparse.ArgumentParser) -> None:
     d = DemoPlan()
     parser.add_argument("--short", action="store_true", help=f"{SHORT_DURATION_S:g} s of load per phase (CI)")
-    parser.add_argument("--sims", type=int, default=d.sims, help=f"simulated servers (default {d.sims})")
-    parser.add_argument("--rate", type=float, help=f"requests/s (default {d.rate:g}; --pd: 2)")
-    parser.add_argument("--duration", type=float, help=f"seconds of load per phase ({FULL_DURATION_S:g})")
-    parser.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV blocks per server")
-    parser.add_argument("--groups", type=int, default=d.groups, help="shared-prefix groups (system prompts)")
-    parser.add_argument("--system-len", type=int, default=d.system_len, help="system prompt tokens")
+    parser.add_argument("--sims", type=units.at_least(1), default=d.sims, help=f"simulated servers (default {d.sims})")
+    parser.add_argument("--rate", type=units.above(0), help=f"requests/s (default {d.rate:g}; --pd: 2)")
+    parser.add_argument("--duration", type=units.above(0), help=f"seconds of load per phase ({FULL_DURATION_S:g})")
+    parser.add_argument(
+        "--num-gpu-blocks", type=units.at_least(1), default=d.num_gpu_blocks, help="KV blocks per server"
+    )
+    parser.add_argument(
+        "--groups", type=units.at_least(1), default=d.groups, help="shared-prefix groups (system prompts)"
+    )
+    parser.add_argument("--system-len", type=units.at_least(1), default=d.system_len, help="system prompt tokens")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--png", type=Path, default=Path("picker-demo.png"), help="PNG (default ./picker-demo.png)")
     parser.add_argument("--json", type=Path, help="also write both phases' summaries as JSON")

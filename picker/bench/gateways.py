@@ -19,8 +19,9 @@ from pathlib import Path
 
 import orjson
 
-from picker.bench import demo, envoy, lab_report, listargs, ngf, procs
+from picker.bench import demo, envoy, flags, lab_report, ngf, procs
 from picker.bench import workloads as wl
+from picker.scheduling import units
 
 __all__ = ["configure", "run"]
 
@@ -29,16 +30,16 @@ _PHASES = {"envoy": (demo.RR, demo.PICKER), "ngf": (demo.NGF_POOL, demo.NGF_PICK
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateways", default="envoy,ngf", help="comma list of envoy, ngf (default both)")
-    parser.add_argument("--sims", type=int, default=2, help="simulated servers (default 2)")
-    parser.add_argument("--rate", type=float, default=4.0, help="requests/s (default 4)")
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds of load per phase (default 15)")
-    parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (default 64)")
-    parser.add_argument("--output-len", type=int, default=8, help="output tokens (default 8)")
+    parser.add_argument("--sims", type=units.at_least(1), default=2, help="simulated servers (default 2)")
+    parser.add_argument("--rate", type=units.above(0), default=4.0, help="requests/s (default 4)")
+    parser.add_argument("--duration", type=units.above(0), default=15.0, help="seconds of load per phase (default 15)")
+    parser.add_argument("--prompt-len", type=units.at_least(1), default=64, help="prompt tokens (default 64)")
+    parser.add_argument("--output-len", type=units.at_least(1), default=8, help="output tokens (default 8)")
     parser.add_argument("--json", type=Path, help="write the phases and the added latency as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    gateways = listargs.names(args.gateways)
+    gateways = flags.names(args.gateways)
     bad = [g for g in gateways if g not in _PHASES]
     if bad or not gateways:
         print(f"picker bench gateways: unknown gateway(s) {bad}; choose from envoy, ngf", file=sys.stderr)

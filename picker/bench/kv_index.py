@@ -32,6 +32,7 @@ from picker.kvcache.events import BlockStored
 from picker.kvcache.index import NATIVE, KVBlockIndex
 from picker.kvcache.ingest import Ingestor
 from picker.kvcache.keys import block_keys, block_keys_python, root_key
+from picker.scheduling import units
 
 __all__ = ["configure", "ingest_rate", "keys_us", "lookup_us", "memory", "run"]
 
@@ -41,13 +42,19 @@ PROMPT_TOKENS = 4000  # the lookup's prompt
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--blocks", type=int, default=1_000_000, help="blocks in the memory test (default 1e6)")
-    parser.add_argument("--endpoints", type=int, default=16)
-    parser.add_argument("--chain", type=int, default=64, help="blocks per stored sequence (default 64)")
-    parser.add_argument("--shared", type=float, default=0.1, help="share of sequences held by two servers")
-    parser.add_argument("--events", type=int, default=300_000, help="events in the ingest test (default 3e5)")
-    parser.add_argument("--batch", type=int, default=16, help="events per message (vLLM sim default 16)")
-    parser.add_argument("--blocks-per-event", type=int, default=1, help="blocks per BlockStored (default 1)")
+    parser.add_argument(
+        "--blocks", type=units.at_least(1), default=1_000_000, help="blocks in the memory test (default 1e6)"
+    )
+    parser.add_argument("--endpoints", type=units.at_least(1), default=16)
+    parser.add_argument("--chain", type=units.at_least(1), default=64, help="blocks per stored sequence (default 64)")
+    parser.add_argument("--shared", type=units.fraction, default=0.1, help="share of sequences held by two servers")
+    parser.add_argument(
+        "--events", type=units.at_least(1), default=300_000, help="events in the ingest test (default 3e5)"
+    )
+    parser.add_argument("--batch", type=units.at_least(1), default=16, help="events per message (vLLM sim default 16)")
+    parser.add_argument(
+        "--blocks-per-event", type=units.at_least(1), default=1, help="blocks per BlockStored (default 1)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lookup-only", action="store_true", help="only the lookup times")
 

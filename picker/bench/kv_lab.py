@@ -29,9 +29,10 @@ from pathlib import Path
 
 import orjson
 
-from picker.bench import listargs, workloads
+from picker.bench import flags, workloads
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.load import RequestRecord
+from picker.scheduling import units
 from picker.sim.config import preset
 
 __all__ = ["CONFIGS", "Cell", "configure", "run", "run_cell"]
@@ -43,18 +44,27 @@ CONFIGS = ("precise", "approximate", "none")
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.5,2,3", help="working set ÷ fleet KV, comma list (default 0.5,2,3)")
     parser.add_argument("--replicas", default="1,4", help="picker replicas, comma list (default 1,4)")
-    parser.add_argument("--rate", type=float, default=12.0, help="Poisson arrivals, req/s (default 12)")
-    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--rate", type=units.above(0), default=12.0, help="Poisson arrivals, req/s (default 12)")
+    parser.add_argument("--requests", type=units.at_least(1), default=1500)
     parser.add_argument("--seeds", default="0,1", help="comma list; results are averaged (default 0,1)")
-    parser.add_argument("--engines", type=int, default=8)
-    parser.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks of 16 tokens per engine")
-    parser.add_argument("--system-len", type=int, default=4000, help="system prompt tokens (default 4000)")
-    parser.add_argument("--question-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--prompts-per-group", type=int, default=5)
-    parser.add_argument("--kv-event-delay", type=float, default=0.005, help="seconds (default 0.005)")
+    parser.add_argument("--engines", type=units.at_least(1), default=8)
     parser.add_argument(
-        "--external-share", type=float, default=0.0, help="share of requests sent straight to a server (default 0)"
+        "--num-gpu-blocks", type=units.at_least(1), default=2048, help="KV blocks of 16 tokens per engine"
+    )
+    parser.add_argument(
+        "--system-len", type=units.at_least(1), default=4000, help="system prompt tokens (default 4000)"
+    )
+    parser.add_argument("--question-len", type=units.at_least(1), default=128)
+    parser.add_argument("--output-len", type=units.at_least(1), default=64)
+    parser.add_argument("--prompts-per-group", type=units.at_least(1), default=5)
+    parser.add_argument(
+        "--kv-event-delay", type=units.at_least(0.0, float), default=0.005, help="seconds (default 0.005)"
+    )
+    parser.add_argument(
+        "--external-share",
+        type=units.fraction,
+        default=0.0,
+        help="share of requests sent straight to a server (default 0)",
     )
     parser.add_argument("--configs-dir", type=Path, default=EXAMPLES, help="where precise/approximate/none.yaml are")
     parser.add_argument("--json", type=Path, help="write every cell")
@@ -126,9 +136,9 @@ def run_cell(args: argparse.Namespace, ratio: float, replicas: int, seeds: list[
 
 def run(args: argparse.Namespace) -> int:
     try:
-        ratios = listargs.numbers(args.ratios, "--ratios", float, above=0)
-        replica_counts = listargs.numbers(args.replicas, "--replicas", int, least=1)
-        seeds = listargs.numbers(args.seeds, "--seeds", int, least=0, ranges=True, distinct=True)
+        ratios = flags.numbers(args.ratios, "--ratios", float, above=0)
+        replica_counts = flags.numbers(args.replicas, "--replicas", int, least=1)
+        seeds = flags.numbers(args.seeds, "--seeds", int, least=0, ranges=True, distinct=True)
     except ValueError as exc:
         print(f"picker bench kv-lab: {exc}", file=sys.stderr)
         return 2

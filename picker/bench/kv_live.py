@@ -31,26 +31,29 @@ from typing import Any
 import orjson
 import yaml
 
-from picker.bench import envoy, listargs, procs
+from picker.bench import envoy, flags, procs
 from picker.bench import workloads as wl
 from picker.bench.kv_lab import CONFIGS, EXAMPLES
 from picker.bench.load import LoadSpec, run_load
 from picker.bench.report import Summary, summarize
+from picker.scheduling import units
 
 __all__ = ["configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sims", type=int, default=4, help="simulated servers (default 4)")
-    parser.add_argument("--num-gpu-blocks", type=int, default=512, help="KV blocks of 16 tokens per server")
+    parser.add_argument("--sims", type=units.at_least(2), default=4, help="simulated servers (default 4)")
+    parser.add_argument(
+        "--num-gpu-blocks", type=units.at_least(1), default=512, help="KV blocks of 16 tokens per server"
+    )
     parser.add_argument("--replicas", default="1,2", help="picker replicas, comma list (default 1,2)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="of precise, approximate, none")
-    parser.add_argument("--ratio", type=float, default=2.0, help="working set ÷ the servers' KV (default 2)")
-    parser.add_argument("--system-len", type=int, default=2048)
-    parser.add_argument("--question-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--rate", type=float, default=6.0, help="requests/s (default 6)")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per phase (default 60)")
+    parser.add_argument("--ratio", type=units.above(0), default=2.0, help="working set ÷ the servers' KV (default 2)")
+    parser.add_argument("--system-len", type=units.at_least(1), default=2048)
+    parser.add_argument("--question-len", type=units.at_least(1), default=64)
+    parser.add_argument("--output-len", type=units.at_least(1), default=32)
+    parser.add_argument("--rate", type=units.above(0), default=6.0, help="requests/s (default 6)")
+    parser.add_argument("--duration", type=units.above(0), default=60.0, help="seconds of load per phase (default 60)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--configs-dir", type=Path, default=EXAMPLES)
     parser.add_argument("--json", type=Path)
@@ -152,8 +155,8 @@ async def _phase(args: argparse.Namespace, config: str, replicas: int) -> Summar
 
 def run(args: argparse.Namespace) -> int:
     try:
-        replica_counts = listargs.numbers(args.replicas, "--replicas", int, least=1)
-        configs = listargs.names(args.configs)
+        replica_counts = flags.numbers(args.replicas, "--replicas", int, least=1)
+        configs = flags.names(args.configs)
         if not configs or not set(configs) <= set(CONFIGS) or args.sims < 2:
             raise ValueError(f"configs among {', '.join(CONFIGS)}, --sims >= 2")
         envoy.envoy_binary()

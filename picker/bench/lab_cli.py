@@ -21,10 +21,11 @@ from typing import Any
 import orjson
 
 from picker import errors
-from picker.bench import lab_report, listargs
+from picker.bench import flags, lab_report
 from picker.bench.lab import LabConfig, poisson_schedule, run_lab
-from picker.bench.load_cli import WORKLOADS, build_workload
+from picker.bench.load_cli import WorkloadDefaults, add_workload_arguments, build_workload
 from picker.bench.policies import POLICY_NAMES
+from picker.scheduling import units
 from picker.sim.config import PRESETS, EngineConfig, preset
 
 __all__ = ["DEFAULT_POLICIES", "DEFAULT_RATES", "LAB_SIZES", "configure", "engine_config", "run"]
@@ -46,37 +47,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also run picker's scheduler with this EndpointPickerConfig (same as config:FILE in --policies)",
     )
     rates = parser.add_mutually_exclusive_group()
-    rates.add_argument("--rate", type=float, help="one Poisson arrival rate, req/s")
+    rates.add_argument("--rate", type=units.above(0), help="one Poisson arrival rate, req/s")
     rates.add_argument("--rates", default=DEFAULT_RATES, help=f"comma list of rates (default {DEFAULT_RATES})")
-    parser.add_argument("--requests", type=int, default=2000, help="requests per run (default 2000)")
+    parser.add_argument("--requests", type=units.at_least(1), default=2000, help="requests per run (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="workload, arrivals and the policies' random source")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument(
-        "--scrape-interval", type=float, default=0.1, metavar="S", help="metrics scrape interval, virtual s"
+        "--scrape-interval", type=units.above(0), default=0.1, metavar="S", help="metrics scrape interval, virtual s"
     )
 
     e = parser.add_argument_group("engines")
-    e.add_argument("--engines", type=int, default=8)
+    e.add_argument("--engines", type=units.at_least(1), default=8)
     e.add_argument("--preset", choices=sorted(PRESETS), default="h100-8b")
-    e.add_argument("--num-gpu-blocks", type=int, help="KV blocks per engine (default: 2048 for h100-8b)")
-    e.add_argument("--max-num-seqs", type=int)
-    e.add_argument("--max-loras", type=int, help="adapters per batch (with --lora)")
+    e.add_argument("--num-gpu-blocks", type=units.at_least(1), help="KV blocks per engine (default: 2048 for h100-8b)")
+    e.add_argument("--max-num-seqs", type=units.at_least(1))
+    e.add_argument("--max-loras", type=units.at_least(1), help="adapters per batch (with --lora)")
 
-    w = parser.add_argument_group("workload (as picker load)")
-    w.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
-    w.add_argument("--fixed", type=int, metavar="N", help="every answer exactly N tokens (ignore_eos)")
-    w.add_argument("--groups", type=int, default=32, help="shared-prefix: groups")
-    w.add_argument("--prompts-per-group", type=int, default=16, help="shared-prefix: prompts per group")
-    w.add_argument("--system-len", type=int, default=2048, help="shared-prefix / multi-turn: system prompt tokens")
-    w.add_argument("--question-len", type=int, default=64, help="shared-prefix / multi-turn: question tokens")
-    w.add_argument("--output-len", type=int, default=64, help="answer tokens (shared-prefix, multi-turn, fixed)")
-    w.add_argument("--sessions", type=int, default=32, help="multi-turn: concurrent sessions")
-    w.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session")
-    w.add_argument("--answer-len", type=int, default=64, help="multi-turn: synthetic answer tokens in history")
-    w.add_argument("--prompt-len", type=int, default=256, help="fixed: prompt tokens")
-    w.add_argument("--long-fraction", type=float, default=0.2, help="short-long: share of 512-token streams")
-    w.add_argument("--lora", help="comma-separated adapters (served by every engine)")
-    w.add_argument("--lora-weights", help="comma-separated weights for --lora (e.g. 60,30,10)")
+    add_workload_arguments(
+        parser.add_argument_group("workload (as picker load)"),
+        WorkloadDefaults(
+            workload="shared-prefix", groups=32, prompts_per_group=16, system_len=2048, sessions=32,
+            lora_help="comma-separated adapters (served by every engine)",
+        ),
+    )  # fmt: skip
 
     o = parser.add_argument_group("output")
     o.add_argument("--json", type=Path, help="write every run's summary (deterministic for a seed)")
@@ -91,14 +84,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if args.max_num_seqs is not None:
         changes["max_num_seqs"] = args.max_num_seqs
     if args.lora:
-        changes["lora_adapters"] = tuple(listargs.names(args.lora))
+        changes["lora_adapters"] = tuple(flags.names(args.lora))
     if args.max_loras is not None:
         changes["max_loras"] = args.max_loras
     return preset(args.preset, **changes)
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
-    names = listargs.names(args.policies) + [f"config:{path}" for path in args.config]
+    names = flags.names(args.policies) + [f"config:{path}" for path in args.config]
     if not names:
         raise ValueError("no policies given")
     return names
@@ -109,7 +102,7 @@ def _rates(args: argparse.Namespace) -> list[float]:
         if args.rate <= 0:
             raise ValueError(f"--rate {args.rate:g}: above 0")
         return [args.rate]
-    return listargs.numbers(args.rates, "--rates", float, above=0)
+    return flags.numbers(args.rates, "--rates", float, above=0)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from picker import errors
-from picker.bench import lab_report, listargs
+from picker.bench import flags, lab_report
 from picker.bench import workloads as wl
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.workloads import WorkItem
@@ -496,7 +496,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _names(text: str, known: Sequence[str], what: str) -> list[str]:
-    names = listargs.names(text)
+    names = flags.names(text)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ValueError(f"unknown {what}(s) {unknown}; choose from {', '.join(known)}")
@@ -507,17 +507,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = _names(args.workloads, list(EVAL_WORKLOADS), "workload")
         scenarios = _names(args.scenarios, list(SCENARIOS), "scenario")
-        policies = listargs.names(args.policies) + [f"config:{c}" for c in args.config]
+        policies = flags.names(args.policies) + [f"config:{c}" for c in args.config]
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
         if requests < 1 or not policies or args.jobs < 1:
             raise ValueError("need --requests >= 1, --jobs >= 1 and at least one policy")
         cache = RunCache(args.cache) if args.cache is not None else None
         seeds = (
-            listargs.numbers(args.seeds, "--seeds", int, least=0, ranges=True, distinct=True)
+            flags.numbers(args.seeds, "--seeds", int, least=0, ranges=True, distinct=True)
             if args.seeds is not None
             else [args.seed]
         )
-        only = set(listargs.numbers(args.rates, "--rates", float, above=0)) if args.rates is not None else None
+        only = set(flags.numbers(args.rates, "--rates", float, above=0)) if args.rates is not None else None
         workloads = [EVAL_WORKLOADS[n] for n in names]
         if only is not None and not any(
             rates_for(w, sc, quick=args.quick, only=only) for w in workloads for sc in scenarios

@@ -27,10 +27,11 @@ from typing import Literal
 
 import orjson
 
-from picker.bench import listargs
+from picker.bench import flags
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.lab_eval import ENGINES, EVAL_WORKLOADS, PICKER
 from picker.bench.report import summarize
+from picker.scheduling import units
 
 __all__ = ["POINTS", "HaRow", "configure", "evaluate", "run"]
 
@@ -153,21 +154,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--replicas", default="2,4", help="replica counts besides 1 (comma list)")
     add("--delays-ms", default="1", help="exchange delays to run, ms (comma list; from a flush to the peer applying)")
-    add("--flush-ms", type=float, default=DEFAULT_FLUSH_MS, help="each replica's flush interval, ms")
-    add("--loss", type=float, default=0.0, help="share of exchange batches lost")
+    add("--flush-ms", type=units.above(0), default=DEFAULT_FLUSH_MS, help="each replica's flush interval, ms")
+    add("--loss", type=units.fraction, default=0.0, help="share of exchange batches lost")
     add("--spread", choices=("rr", "random"), default="rr", help="how the gateway spreads requests over replicas")
-    add("--requests", type=int, default=None, help="requests per run (default 1500; 400 with --quick)")
-    add("--tolerance", type=float, default=0.05, help="a row passes within this of one replica (default 0.05)")
+    add("--requests", type=units.at_least(1), default=None, help="requests per run (default 1500; 400 with --quick)")
+    add(
+        "--tolerance",
+        type=units.at_least(0.0, float),
+        default=0.05,
+        help="a row passes within this of one replica (default 0.05)",
+    )
     add("--quick", action="store_true", help="shared-prefix at 160 req/s only, 400 requests")
     add("--seed", type=int, default=0)
-    add("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: one per core)")
+    add(
+        "--jobs", type=units.at_least(1), default=os.cpu_count() or 1, help="parallel processes (default: one per core)"
+    )
     add("--json", type=Path, help="write the rows")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        replicas = listargs.numbers(args.replicas, "--replicas", int, least=2)
-        delays = listargs.numbers(args.delays_ms, "--delays-ms", float, least=0)
+        replicas = flags.numbers(args.replicas, "--replicas", int, least=2)
+        delays = flags.numbers(args.delays_ms, "--delays-ms", float, least=0)
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
         if requests < 1 or args.jobs < 1:
             raise ValueError("--requests >= 1, --jobs >= 1")

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from picker.bench import lab_pd, listargs
+from picker.bench import flags, lab_pd
 from picker.bench import workloads as wl
 from picker.bench.lab import LabConfig, LabRun, poisson_schedule, run_lab
 from picker.bench.lab_pd import Fleet
@@ -236,17 +236,17 @@ def _ms(seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        workloads = listargs.names(args.workloads)
+        workloads = flags.names(args.workloads)
         unknown = [w for w in workloads if w not in WORKLOADS]
         if unknown or not workloads:
             raise ValueError(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
-        fleets = [Fleet.parse(f) for f in listargs.names(args.fleets)]
-        deciders = listargs.names(args.deciders)
+        fleets = [Fleet.parse(f) for f in flags.names(args.fleets)]
+        deciders = flags.names(args.deciders)
         for d in deciders:
             lab_pd.pd_config(d)
         if not fleets or not deciders:
             raise ValueError("need at least one fleet and one decider")
-        rates = listargs.numbers(args.rates, "--rates", float, above=0) if args.rates else None
+        rates = flags.numbers(args.rates, "--rates", float, above=0) if args.rates else None
         requests = 200 if args.quick else args.requests
         if requests < 1 or args.link_gbps <= 0:
             raise ValueError("--requests must be >= 1 and --link-gbps > 0")

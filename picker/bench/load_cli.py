@@ -14,15 +14,17 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import orjson
 
-from picker.bench import listargs
+from picker.bench import flags
 from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, merge_results, run_load
 from picker.bench.report import plot, print_summary, summarize, to_json
+from picker.scheduling import units
 
 __all__ = ["WORKLOADS", "build_workload", "configure", "run"]
 
@@ -42,33 +44,56 @@ def configure(parser: argparse.ArgumentParser) -> None:
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", help="Poisson arrival rate in req/s; a comma list runs one stage per rate")
     load.add_argument("--concurrency", help="closed-loop concurrency; a comma list runs one stage per level")
-    parser.add_argument("--requests", type=int, default=100, help="request cap per stage (default 100)")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds cap per stage (default 60)")
-    parser.add_argument("--drain-s", type=float, default=30.0, help="wait this long for in-flight at the end")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="per-request timeout")
+    parser.add_argument("--requests", type=units.at_least(1), default=100, help="request cap per stage (default 100)")
+    parser.add_argument("--duration", type=units.above(0), default=60.0, help="seconds cap per stage (default 60)")
+    parser.add_argument(
+        "--drain-s", type=units.at_least(0.0, float), default=30.0, help="wait this long for in-flight at the end"
+    )
+    parser.add_argument("--timeout-s", type=units.above(0), default=120.0, help="per-request timeout")
     parser.add_argument("--header", action="append", default=[], metavar="K:V", help="extra request header")
     parser.add_argument("--seed", type=int, default=0)
 
-    w = parser.add_argument_group("workload")
-    w.add_argument("--workload", choices=WORKLOADS, default="sharegpt")
-    w.add_argument("--fixed", type=int, metavar="N", help="every answer exactly N tokens (ignore_eos)")
-    w.add_argument("--groups", type=int, default=8, help="shared-prefix: groups")
-    w.add_argument("--prompts-per-group", type=int, default=8, help="shared-prefix: prompts per group")
-    w.add_argument("--system-len", type=int, default=512, help="shared-prefix / multi-turn: system prompt tokens")
-    w.add_argument("--question-len", type=int, default=64, help="shared-prefix / multi-turn: question tokens")
-    w.add_argument("--output-len", type=int, default=64, help="answer tokens (shared-prefix, multi-turn, fixed)")
-    w.add_argument("--sessions", type=int, default=8, help="multi-turn: concurrent sessions")
-    w.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session")
-    w.add_argument("--answer-len", type=int, default=64, help="multi-turn: synthetic answer tokens in history")
-    w.add_argument("--prompt-len", type=int, default=256, help="fixed: prompt tokens")
-    w.add_argument("--long-fraction", type=float, default=0.2, help="short-long: share of 512-token streams")
-    w.add_argument("--lora", help="comma-separated adapters: each request goes to one of them")
-    w.add_argument("--lora-weights", help="comma-separated weights for --lora (e.g. 60,30,10)")
+    add_workload_arguments(parser.add_argument_group("workload"), WorkloadDefaults())
 
     o = parser.add_argument_group("output")
     o.add_argument("--json", type=Path, help="write summary + per-request records as JSON")
     o.add_argument("--plot", type=Path, help="write a PNG (TTFT/TPOT distributions, latency vs load)")
     o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+@dataclass(frozen=True)
+class WorkloadDefaults:
+    """The workload flags' defaults: ``picker load``'s; ``picker bench lab`` runs larger ones."""
+
+    workload: str = "sharegpt"
+    groups: int = 8
+    prompts_per_group: int = 8
+    system_len: int = 512
+    sessions: int = 8
+    lora_help: str = "comma-separated adapters: each request goes to one of them"
+
+
+def add_workload_arguments(w: argparse._ArgumentGroup, d: WorkloadDefaults) -> None:
+    """The flags ``build_workload`` reads (``picker load``, ``picker bench lab``)."""
+    count, tokens = units.at_least(1), units.at_least(1)
+    w.add_argument("--workload", choices=WORKLOADS, default=d.workload)
+    w.add_argument("--fixed", type=count, metavar="N", help="every answer exactly N tokens (ignore_eos)")
+    w.add_argument("--groups", type=count, default=d.groups, help="shared-prefix: groups")
+    w.add_argument(
+        "--prompts-per-group", type=count, default=d.prompts_per_group, help="shared-prefix: prompts per group"
+    )
+    w.add_argument(
+        "--system-len", type=tokens, default=d.system_len, help="shared-prefix / multi-turn: system prompt tokens"
+    )
+    w.add_argument("--question-len", type=tokens, default=64, help="shared-prefix / multi-turn: question tokens")
+    w.add_argument("--output-len", type=tokens, default=64, help="answer tokens (shared-prefix, multi-turn, fixed)")
+    w.add_argument("--sessions", type=count, default=d.sessions, help="multi-turn: concurrent sessions")
+    w.add_argument("--turns", type=count, default=4, help="multi-turn: turns per session")
+    w.add_argument("--answer-len", type=tokens, default=64, help="multi-turn: synthetic answer tokens in history")
+    w.add_argument("--prompt-len", type=tokens, default=256, help="fixed: prompt tokens")
+    w.add_argument("--long-fraction", type=units.fraction, default=0.2, help="short-long: share of 512-token streams")
+    w.add_argument("--lora", help=d.lora_help)
+    w.add_argument("--lora-weights", help="comma-separated weights for --lora (e.g. 60,30,10)")
 
 
 def build_workload(args: argparse.Namespace) -> wl.Workload:
@@ -100,8 +125,8 @@ def build_workload(args: argparse.Namespace) -> wl.Workload:
     else:
         workload = wl.fixed_lengths(prompt_len=args.prompt_len, output_len=args.output_len, seed=seed)
     if args.lora:
-        adapters = listargs.names(args.lora)
-        weights = listargs.numbers(args.lora_weights, "--lora-weights", float, least=0) if args.lora_weights else None
+        adapters = flags.names(args.lora)
+        weights = flags.numbers(args.lora_weights, "--lora-weights", float, least=0) if args.lora_weights else None
         workload = wl.multi_lora(workload, adapters, weights, seed=seed)
     if args.fixed is not None:
         workload = wl.with_fixed(workload, args.fixed)
@@ -110,8 +135,8 @@ def build_workload(args: argparse.Namespace) -> wl.Workload:
 
 def _stages(args: argparse.Namespace) -> list[tuple[float | None, int | None]]:
     if args.concurrency:
-        return [(None, c) for c in listargs.numbers(args.concurrency, "--concurrency", int, least=1)]
-    return [(r, None) for r in listargs.numbers(args.rate or "1", "--rate", float, above=0)]
+        return [(None, c) for c in flags.numbers(args.concurrency, "--concurrency", int, least=1)]
+    return [(r, None) for r in flags.numbers(args.rate or "1", "--rate", float, above=0)]
 
 
 def _headers(raw: list[str]) -> tuple[tuple[str, str], ...]:
@@ -143,7 +168,7 @@ async def _run_stages(args: argparse.Namespace, workload: wl.Workload) -> list[L
                 seed=args.seed,
                 headers=headers,
             )
-            urls = listargs.names(args.url)
+            urls = flags.names(args.url)
             if show and len(urls) == 1:
                 result = await _with_progress(urls[0], workload, spec, session)
             else:

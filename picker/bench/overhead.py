@@ -56,9 +56,9 @@ import orjson
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from picker.bench import listargs, procs
+from picker.bench import flags, procs
 from picker.bench.extproc_client import ExtProcClient, build_messages
-from picker.scheduling.units import duration_arg
+from picker.scheduling import units
 
 __all__ = ["ClientNotFound", "Row", "Summary", "configure", "go_client", "prompt_bodies", "run", "summarize"]
 
@@ -156,8 +156,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", default="16,256", help="endpoint counts to test (comma list)")
     parser.add_argument("--sizes", default="4096,225280", help="prompt sizes in bytes (comma list)")
     parser.add_argument("--workers", default="1", help="picker --workers counts to test (comma list)")
-    parser.add_argument("--concurrency", type=int, default=64, help="concurrent streams in the throughput pass")
-    parser.add_argument("--connections", type=int, default=8, help="TCP connections in the throughput pass")
+    parser.add_argument(
+        "--concurrency", type=units.at_least(1), default=64, help="concurrent streams in the throughput pass"
+    )
+    parser.add_argument(
+        "--connections", type=units.at_least(1), default=8, help="TCP connections in the throughput pass"
+    )
     parser.add_argument(
         "--client",
         choices=("go", "python"),
@@ -165,22 +169,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the throughput pass's load client: tools/extproc-load (go) or picker's Python client",
     )
     parser.add_argument(
-        "--client-procs", type=int, default=1, help="--client python: client processes in the throughput pass"
+        "--client-procs",
+        type=units.at_least(1),
+        default=1,
+        help="--client python: client processes in the throughput pass",
     )
     parser.add_argument(
         "--fresh",
         action="store_true",
         help="a prompt of its own for every request (new to picker's prefix index); needs --client go",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of every configuration (medians shown)")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput pass")
-    parser.add_argument("--latency-requests", type=int, default=300, help="sequential requests, latency pass")
+    parser.add_argument(
+        "--repeat", type=units.at_least(1), default=1, help="rounds of every configuration (medians shown)"
+    )
+    parser.add_argument("--duration", type=units.above(0), default=5.0, help="seconds of the throughput pass")
+    parser.add_argument(
+        "--latency-requests", type=units.at_least(2), default=300, help="sequential requests, latency pass"
+    )
     parser.add_argument(
         "--scrape-interval", type=_go_duration, default="1s", help="picker's --refresh-metrics-interval"
     )
     parser.add_argument("--staleness", type=_go_duration, default="2s", help="picker's --metrics-staleness-threshold")
     parser.add_argument(
-        "--prefilter", type=int, default=None, help="picker's --prefilter-endpoints (default: picker's default)"
+        "--prefilter",
+        type=units.at_least(0),
+        default=None,
+        help="picker's --prefilter-endpoints (default: picker's default)",
     )
     parser.add_argument(
         "--picker-args", default="", metavar="ARGS", help="more `picker serve` flags, one string (shell words)"
@@ -198,17 +212,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _go_duration(text: str) -> str:
     """A duration flag handed on to ``picker serve`` as written, once it reads as one (a usage error here, not a
     server that exits at start)."""
-    duration_arg(text)
+    units.duration_arg(text)
     return text
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         plan = _Plan(
-            counts=listargs.numbers(args.endpoints, "--endpoints", int, least=1),
-            sizes=listargs.numbers(args.sizes, "--sizes", int, least=1),
-            worker_counts=listargs.numbers(args.workers, "--workers", int, least=1),
-            fronts=listargs.names(args.fronts),
+            counts=flags.numbers(args.endpoints, "--endpoints", int, least=1),
+            sizes=flags.numbers(args.sizes, "--sizes", int, least=1),
+            worker_counts=flags.numbers(args.workers, "--workers", int, least=1),
+            fronts=flags.names(args.fronts),
         )
         if not plan.fronts or not set(plan.fronts) <= _FRONTS:
             raise ValueError(f"--fronts {args.fronts!r}: a comma list of {', '.join(sorted(_FRONTS))}")
@@ -266,9 +280,9 @@ async def _size_round(round_: int, size: int, plan: _Plan, metrics_port: int, ar
     nulls: list[tuple[str, list[str]]] = [("do-nothing", [])] + (
         [("do-nothing/native", ["--native"])] if "native" in fronts else []
     )
-    for name, flags in nulls:
+    for name, null_flags in nulls:
         for processes in worker_counts:
-            cmd = [sys.executable, "-m", "picker.bench.nullproc", "{port}", str(processes), *flags]
+            cmd = [sys.executable, "-m", "picker.bench.nullproc", "{port}", str(processes), *null_flags]
             async with _server(cmd, settle_s=0.5 if processes == 1 else 2.0) as served:  # others: spawn, import
                 rows.append(await _measure(name, processes, 0, size, served, bodies, args, round_))
     for count in counts:

@@ -30,13 +30,14 @@ import sys
 import time
 from pathlib import Path
 
-from picker.bench import listargs
+from picker.bench import flags
 from picker.bench import path as whole_path
 from picker.bench.overhead import fresh_prompt_bodies, prompt_bodies
 from picker.endpoints.inflight import InflightTracker
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.peerload import PeerLoads
 from picker.request.parse import parse_request
+from picker.scheduling import units
 from picker.scheduling.config import load_config
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.scheduler import Scheduler
@@ -48,8 +49,10 @@ __all__ = ["bench_endpoints", "configure", "run"]
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", default="16,256", help="endpoint counts (comma list)")
     parser.add_argument("--sizes", default="4096,225280", help="prompt sizes in bytes (comma list)")
-    parser.add_argument("--cycles", type=int, default=2000, help="cycles per timing")
-    parser.add_argument("--repeat", type=int, default=5, help="timings per configuration (the median is shown)")
+    parser.add_argument("--cycles", type=units.at_least(1), default=2000, help="cycles per timing")
+    parser.add_argument(
+        "--repeat", type=units.at_least(1), default=5, help="timings per configuration (the median is shown)"
+    )
     parser.add_argument(
         "--prefilter",
         type=int,
@@ -68,8 +71,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        counts = listargs.numbers(args.endpoints, "--endpoints", int, least=1)
-        sizes = listargs.numbers(args.sizes, "--sizes", int, least=1)
+        counts = flags.numbers(args.endpoints, "--endpoints", int, least=1)
+        sizes = flags.numbers(args.sizes, "--sizes", int, least=1)
     except ValueError as exc:
         print(f"picker bench schedule: {exc}", file=sys.stderr)
         return 2

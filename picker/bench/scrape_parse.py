@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from picker.bench import listargs
+from picker.bench import flags
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.store import EndpointStore
+from picker.scheduling import units
 from picker.scrape import engines
 from picker.settings import ScrapeSettings
 from picker.telemetry import REGISTRY
@@ -287,15 +288,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--models", default="1,3", help="pages to time, as model-name counts (default 1,3: 46 KB and 102 KB)"
     )
     parser.add_argument("--repeat", type=int, default=7, help="timed rounds per parser; medians are shown")
-    parser.add_argument("--number", type=int, default=0, help="pages per round (0: auto-range to >=0.2 s)")
-    parser.add_argument("--poll", type=int, default=0, metavar="N", help="also poll N local servers: CPU per poll")
-    parser.add_argument("--seconds", type=float, default=5.0, help="--poll run time")
-    parser.add_argument("--interval", type=float, default=0.1, help="--poll interval in seconds")
+    parser.add_argument(
+        "--number", type=units.at_least(0), default=0, help="pages per round (0: auto-range to >=0.2 s)"
+    )
+    parser.add_argument(
+        "--poll", type=units.at_least(0), default=0, metavar="N", help="also poll N local servers: CPU per poll"
+    )
+    parser.add_argument("--seconds", type=units.above(0), default=5.0, help="--poll run time")
+    parser.add_argument("--interval", type=units.above(0), default=0.1, help="--poll interval in seconds")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        counts = listargs.numbers(str(args.models), "--models", int, least=1)
+        counts = flags.numbers(str(args.models), "--models", int, least=1)
     except ValueError as exc:
         print(f"picker bench scrape-parse: {exc}", file=sys.stderr)
         return 2

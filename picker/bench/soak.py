@@ -41,7 +41,7 @@ import yaml
 
 from picker import procutil
 from picker.bench import envoy, procs
-from picker.scheduling.units import duration_arg
+from picker.scheduling import units
 from picker.sim.apiserver import FakeApiServer
 from picker.sim.config import preset
 from picker.sim.server import ServerConfig, SimServer
@@ -129,11 +129,13 @@ class SoakReport:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     spec = SoakSpec()
-    parser.add_argument("--duration", type=duration_arg, default=spec.duration_s, help="e.g. 30m, 2m")
-    parser.add_argument("--rate", type=float, default=spec.rate, help="requests per second")
-    parser.add_argument("--pods", type=int, default=spec.pods, help="pod slots (2..N members at a time)")
-    parser.add_argument("--churn-s", type=float, default=spec.churn_s, help="a pod deleted and one created this often")
-    parser.add_argument("--sample-s", type=float, default=spec.sample_s)
+    parser.add_argument("--duration", type=units.duration_arg, default=spec.duration_s, help="e.g. 30m, 2m")
+    parser.add_argument("--rate", type=units.above(0), default=spec.rate, help="requests per second")
+    parser.add_argument("--pods", type=units.at_least(2), default=spec.pods, help="pod slots (2..N members at a time)")
+    parser.add_argument(
+        "--churn-s", type=units.above(0), default=spec.churn_s, help="a pod deleted and one created this often"
+    )
+    parser.add_argument("--sample-s", type=units.above(0), default=spec.sample_s)
     parser.add_argument("--seed", type=int, default=spec.seed)
     parser.add_argument("--png", type=Path, help="plot the samples over time")
     parser.add_argument("--json", type=Path, help="write the samples and checks as JSON")

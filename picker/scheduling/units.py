@@ -3,18 +3,33 @@
 
 Both raise ``ValueError`` (pydantic validators turn it into a ``ConfigError`` naming the key). The command
 line spells them the same way: ``duration_arg``, ``bool_arg`` and ``port_arg`` are the argparse ``type``s of
-picker's flags.
+picker's flags, and ``at_least``, ``above`` and ``fraction`` make those of numbers with a range.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-__all__ = ["bool_arg", "duration_arg", "duration_s", "port_arg", "quantity"]
+__all__ = [
+    "NumberArg",
+    "above",
+    "at_least",
+    "bool_arg",
+    "duration_arg",
+    "duration_s",
+    "fraction",
+    "port_arg",
+    "quantity",
+]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+N = TypeVar("N", int, float)
+
 _QUANTITY = re.compile(r"([+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?")
 _SUFFIX = {
     "": 1.0,
@@ -109,3 +124,47 @@ def quantity(value: object) -> int:
     if amount < 0:
         raise ValueError(f"{value!r}: a quantity can't be negative")
     return int(amount)
+
+
+@dataclass(frozen=True)
+class NumberArg(Generic[N]):
+    """An argparse ``type``: a number of ``kind`` at or above ``low`` (``strict``: above it). Made by ``at_least``
+    and ``above``; a class, not a closure, so the documentation can tell what a flag takes."""
+
+    kind: type[N]
+    low: float
+    strict: bool = False
+
+    def __call__(self, text: str) -> N:
+        value = _one(text, self.kind)
+        if value < self.low or (self.strict and value == self.low):
+            raise argparse.ArgumentTypeError(f"{text!r}: {'above' if self.strict else 'at least'} {self.low:g}")
+        return value
+
+
+def at_least(low: float, kind: type[N] = int) -> NumberArg[N]:
+    """An argparse ``type``: a number of ``kind`` (int unless said) that is ``>= low``."""
+    return NumberArg(kind, low)
+
+
+def above(low: float, kind: type[N] = float) -> NumberArg[N]:  # type: ignore[assignment]
+    """An argparse ``type``: a number of ``kind`` (float unless said) that is ``> low``."""
+    return NumberArg(kind, low, strict=True)
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a share from 0 to 1."""
+    value = _one(text, float)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share from 0 to 1")
+    return value
+
+
+def _one(text: str, kind: type[N]) -> N:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value

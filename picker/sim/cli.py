@@ -28,6 +28,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from picker.scheduling import units
 from picker.scheduling.units import port_arg
 from picker.sim.config import DEFAULT_LINK_GBPS, KV_BYTES_PER_TOKEN_8B, PRESETS, EngineConfig, link_s_per_token, preset
 from picker.sim.faults import ERROR_TYPES, METRICS_MODES, Faults
@@ -45,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--count", type=int, help="number of servers on consecutive ports from --base-port")
     g.add_argument("--base-port", type=port_arg, default=8000)
     g.add_argument("--duration-s", type=float, help="exit after this many seconds")
-    g.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    g.add_argument("--max-body-bytes", type=units.at_least(1), default=8 * 1024 * 1024)
 
     e = parser.add_argument_group("engine")
     e.add_argument("--preset", choices=sorted(PRESETS), default="h100-8b")
@@ -76,7 +77,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--allow-any-prefiller", action="store_true", help="no allowlist (local tries only)")
     d.add_argument("--kv-link-gbps", type=float, help=f"KV transfer link, Gb/s (default {DEFAULT_LINK_GBPS:g})")
     d.add_argument(
-        "--kv-bytes-per-token", type=int, help=f"KV cache bytes per token (default {KV_BYTES_PER_TOKEN_8B}: 8B model)"
+        "--kv-bytes-per-token",
+        type=units.at_least(1),
+        help=f"KV cache bytes per token (default {KV_BYTES_PER_TOKEN_8B}: 8B model)",
     )
     d.add_argument(
         "--kv-cache-transfer-time-per-token",
@@ -96,7 +99,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--crash-down-s", type=float, help="seconds a crash keeps the port closed (default: forever)")
     f.add_argument("--metrics-delay-s", type=float, default=0.0, help="/metrics answers after this long")
     f.add_argument("--metrics-mode", choices=METRICS_MODES, default="ok", help="garbage or huge /metrics pages")
-    f.add_argument("--startup-s", type=float, default=0.0, help="cold start: open the port after this long")
+    f.add_argument(
+        "--startup-s", type=units.at_least(0.0, float), default=0.0, help="cold start: open the port after this long"
+    )
 
     k = parser.add_argument_group("KV-cache events (vLLM's ZeroMQ wire)")
     k.add_argument("--kv-events-port", type=port_arg, help="bind a PUB socket here (server i: port + i; 0: any)")

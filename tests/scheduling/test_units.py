@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Callable
 
 import pytest
 
-from picker.scheduling.units import bool_arg, duration_arg, duration_s, quantity
+from picker.scheduling.units import above, at_least, bool_arg, duration_arg, duration_s, fraction, port_arg, quantity
 
 
 @pytest.mark.parametrize(
@@ -55,3 +57,33 @@ def test_duration_arg_is_duration_s_with_a_usage_error() -> None:
     assert duration_arg("1m30s") == 90.0
     with pytest.raises(argparse.ArgumentTypeError, match="is not a duration like"):
         duration_arg("5x")
+
+
+def test_number_flags_take_their_kind_within_their_range() -> None:
+    assert at_least(1)("3") == 3
+    assert type(at_least(1)("3")) is int
+    assert at_least(0.0, float)("0") == 0.0
+    assert above(0)("0.5") == 0.5
+    assert fraction("1") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "says"),
+    [
+        (at_least(1), "0", "'0': at least 1"),
+        (at_least(1), "1.5", "'1.5' is not an integer"),
+        (at_least(0.0, float), "-0.1", "at least 0"),
+        (above(0), "0", "'0': above 0"),
+        (above(0), "x", "'x' is not a number"),
+        (above(0), "inf", "not a finite number"),
+        (fraction, "1.01", "a share from 0 to 1"),
+        (fraction, "nan", "not a finite number"),
+        (port_arg, "65536", "a port is 0 to 65535"),
+        (port_arg, "http", "is not a port number"),
+    ],
+)
+def test_number_flags_refuse_what_is_out_of_range_as_a_usage_error(
+    parse: Callable[[str], object], text: str, says: str
+) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(says)):
+        parse(text)

@@ -1,5 +1,5 @@
-"""The bench commands' comma-list flags: one parser, and every command that takes one answers a bad value with a
-usage error naming the flag (exit 2), not a traceback."""
+"""The commands' flags: one parser for the comma lists, a range for each number; a bad value is a usage error
+naming the flag (exit 2), not a traceback from inside a run."""
 
 from __future__ import annotations
 
@@ -8,25 +8,25 @@ import re
 import pytest
 
 from picker import cli
-from picker.bench import listargs
+from picker.bench import flags
 
 
 def test_names_strip_and_drop_empty_items() -> None:
-    assert listargs.names(" rr, picker ,,lc,") == ["rr", "picker", "lc"]
-    assert listargs.names("") == []
+    assert flags.names(" rr, picker ,,lc,") == ["rr", "picker", "lc"]
+    assert flags.names("") == []
 
 
 def test_numbers_in_order_of_the_kind_given() -> None:
-    assert listargs.numbers("20, 40,5", "--rates", float) == [20.0, 40.0, 5.0]
-    ints = listargs.numbers("16,256", "--endpoints", int)
+    assert flags.numbers("20, 40,5", "--rates", float) == [20.0, 40.0, 5.0]
+    ints = flags.numbers("16,256", "--endpoints", int)
     assert ints == [16, 256]
     assert all(type(v) is int for v in ints)
 
 
 def test_ranges_expand_in_place() -> None:
-    assert listargs.numbers("7,0-2,9", "--seeds", int, ranges=True) == [7, 0, 1, 2, 9]
+    assert flags.numbers("7,0-2,9", "--seeds", int, ranges=True) == [7, 0, 1, 2, 9]
     with pytest.raises(TypeError):
-        listargs.numbers("1", "--x", float, ranges=True)
+        flags.numbers("1", "--x", float, ranges=True)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_ranges_expand_in_place() -> None:
 def test_bad_values_name_the_flag_and_the_value(text: str, options: dict[str, object], says: str) -> None:
     kind = options.pop("kind", float)
     with pytest.raises(ValueError, match=f"^--flag {re.escape(repr(text))}: ") as caught:
-        listargs.numbers(text, "--flag", kind, **options)  # type: ignore[call-overload]
+        flags.numbers(text, "--flag", kind, **options)  # type: ignore[call-overload]
     assert says in str(caught.value)
 
 
@@ -83,3 +83,32 @@ def test_each_command_refuses_a_bad_list_by_name(argv: list[str], capsys: pytest
     flag = "--lora-weights" if "--lora-weights" in argv else flag
     assert flag in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--max-body-bytes=-1"],
+        ["serve", "--retry-after=-1"],
+        ["sim", "--startup-s=-1"],
+        ["demo", "--system-len=0"],
+        ["load", "--url", "http://127.0.0.1:9", "--long-fraction", "1.5"],
+        ["bench", "overhead", "--latency-requests=1"],
+        ["bench", "schedule", "--cycles=0"],
+        ["bench", "kv-index", "--endpoints=0"],
+        ["bench", "kv-lab", "--external-share=2"],
+        ["bench", "kv-live", "--rate=0"],
+        ["bench", "gateways", "--duration=0"],
+        ["bench", "lab", "--turns=0"],
+        ["bench", "soak", "--pods=1"],
+        ["bench", "lab-ha", "--loss=-0.5"],
+    ],
+)
+def test_a_number_out_of_range_is_refused_before_anything_runs(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    flag = next(a for a in argv if a.startswith("--") and a != "--url").split("=")[0]
+    assert f"argument {flag}: " in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 One parser for all of them, so a bad value is the same clear usage error everywhere: a ``ValueError`` whose text
 names the flag and the value given, which each command prints as ``picker bench NAME: ...`` and exits 2 on.
+Single numbers with a range are argparse ``type``s: ``picker.scheduling.units``' ``at_least``, ``above``,
+``fraction``.
 """
 
 from __future__ import annotations
