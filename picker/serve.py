@@ -307,9 +307,9 @@ async def supervise(plan: WorkerPlan, kube: KubeSettings | None) -> int:
     authorize, close_auth = app.metrics_authorizer(srv, kube)
     try:  # before any worker starts: a taken metrics port fails the start as for one picker
         metrics = await app.start_metrics(srv.host, srv.metrics_port, authorize, close_auth, render=page)
-    except OSError as exc:
+    except errors.ConfigError as exc:  # the port is taken
         await session.close()
-        log.error("configuration error: cannot listen on %s:%d (--metrics-port): %s", srv.host, srv.metrics_port, exc)
+        log.error("configuration error: %s", exc)
         return 2
     workers.extend(_Worker(i, start(i), time.monotonic()) for i in range(plan.count))
     for sig in (signal.SIGTERM, signal.SIGINT):

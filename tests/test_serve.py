@@ -438,7 +438,7 @@ def test_one_worker_is_the_plain_picker() -> None:
     assert serve.worker_count(parser.parse_args([]).workers, settings, kube, limit=None) == 1
 
 
-def test_a_taken_metrics_port_fails_the_start_before_any_worker(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_taken_metrics_port_fails_the_start_before_any_worker(capsys: pytest.CaptureFixture[str]) -> None:
     import socket
 
     parser = argparse.ArgumentParser()
@@ -458,3 +458,4 @@ def test_a_taken_metrics_port_fails_the_start_before_any_worker(caplog: pytest.L
             root.handlers[:] = saved[0]
             root.setLevel(saved[1])
     assert not worker_pids(os.getpid())  # none was started
+    assert f"cannot listen on 127.0.0.1:{port} (--metrics-port)" in capsys.readouterr().err
