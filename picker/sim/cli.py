@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ports", help="comma-separated ports, one server each")
     g.add_argument("--count", type=int, help="number of servers on consecutive ports from --base-port")
     g.add_argument("--base-port", type=port_arg, default=8000)
-    g.add_argument("--duration-s", type=float, help="exit after this many seconds")
+    g.add_argument("--duration-s", type=units.above(0), help="exit after this many seconds")
     g.add_argument("--max-body-bytes", type=units.at_least(1), default=8 * 1024 * 1024)
 
     e = parser.add_argument_group("engine")
@@ -109,7 +109,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     k.add_argument(
         "--kv-events-replay-port", type=port_arg, help="serve replays on a ROUTER socket (server i: port + i)"
     )
-    k.add_argument("--event-batch-size", type=int, default=16, help="events per published batch (default 16)")
+    k.add_argument(
+        "--event-batch-size", type=units.at_least(1), default=16, help="events per published batch (default 16)"
+    )
     k.add_argument("--use-vllm-map-event-format", action="store_true", help="events as maps, not arrays")
     k.add_argument("--hash-seed", type=int, help="block-hash seed (vLLM's PYTHONHASHSEED; default 0)")
 

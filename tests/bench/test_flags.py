@@ -91,6 +91,8 @@ def test_each_command_refuses_a_bad_list_by_name(argv: list[str], capsys: pytest
         ["serve", "--max-body-bytes=-1"],
         ["serve", "--retry-after=-1"],
         ["sim", "--startup-s=-1"],
+        ["sim", "--duration-s=-1"],
+        ["sim", "--event-batch-size=0"],
         ["demo", "--system-len=0"],
         ["load", "--url", "http://127.0.0.1:9", "--long-fraction", "1.5"],
         ["bench", "overhead", "--latency-requests=1"],
