@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     children: list[procs.Child] = []
-    stopped = _Signalled()
+    stopped = procs.Interrupt()
     try:
         rows = asyncio.run(_main(plan, workload, envoy_bin, children, stopped))
     except (procs.ChildFailed, KeyboardInterrupt, asyncio.CancelledError) as exc:
@@ -188,32 +188,13 @@ def run(args: argparse.Namespace) -> int:
 # -- the run ------------------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Signalled:
-    signum: int | None = None
-
-
 async def _main(
-    plan: DemoPlan, workload: wl.Workload, envoy_bin: str, children: list[procs.Child], stopped: _Signalled
+    plan: DemoPlan, workload: wl.Workload, envoy_bin: str, children: list[procs.Child], stopped: procs.Interrupt
 ) -> list[lab_report.Row]:
     """Both phases; ``children`` collects every process started (the JSON lists them, so a test can check they
     are gone). SIGINT / SIGTERM cancel the run (and are noted in ``stopped``); the phases stop their children."""
-    main = asyncio.current_task()
-    assert main is not None
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stopped.signum is None:
-            stopped.signum = signum
-            main.cancel()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
-
-    def started(child: procs.Child) -> None:
-        children.append(child)
-        print(f"  started {child.name} (pid {child.pid})", flush=True)
-
+    procs.cancel_on_signals(stopped)
+    started = procs.announce_into(children)
     rows = []
     for i, label in enumerate((NGF_POOL, NGF_PICKER) if plan.gateway == "ngf" else (RR, PICKER)):
         print(f"phase {i + 1}/2: {label}", flush=True)

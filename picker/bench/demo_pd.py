@@ -104,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     children: list[procs.Child] = []
-    stopped: list[int] = []
+    stopped = procs.Interrupt()
     try:
         phases = asyncio.run(_main(plan, fleet, workload, envoy_bin, children, stopped))
     except (procs.ChildFailed, KeyboardInterrupt, asyncio.CancelledError) as exc:
-        if stopped or isinstance(exc, KeyboardInterrupt):
-            signum = stopped[0] if stopped else signal.SIGINT
+        if stopped.signum is not None or isinstance(exc, KeyboardInterrupt):
+            signum = stopped.signum if stopped.signum is not None else signal.SIGINT
             print(f"picker demo --pd: {signal.Signals(signum).name}: stopped", file=sys.stderr)
             return 128 + signum
         print(f"picker demo --pd: {exc}", file=sys.stderr)
@@ -174,24 +174,10 @@ async def _main(
     workload: wl.Workload,
     envoy_bin: str,
     children: list[procs.Child],
-    stopped: list[int],
+    stopped: procs.Interrupt,
 ) -> list[_Phase]:
-    main = asyncio.current_task()
-    assert main is not None
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if not stopped:
-            stopped.append(signum)
-            main.cancel()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
-
-    def started(child: procs.Child) -> None:
-        children.append(child)
-        print(f"  started {child.name} (pid {child.pid})", flush=True)
-
+    procs.cancel_on_signals(stopped)
+    started = procs.announce_into(children)
     phases = []
     for i, (label, roles) in enumerate(((AGGREGATED, ("",) * fleet.engines), (DISAGGREGATED, fleet.roles))):
         print(f"phase {i + 1}/2: {label}", flush=True)

@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -25,6 +27,9 @@ from picker.procutil import die_with_parent, free_ports
 __all__ = [
     "Child",
     "ChildFailed",
+    "Interrupt",
+    "announce_into",
+    "cancel_on_signals",
     "free_port",
     "free_ports",
     "picker_command",
@@ -133,6 +138,40 @@ class Child:
     async def stop(self, timeout_s: float = 10.0) -> int:
         self.stopping = True
         return await stop_process(self.proc, timeout_s)
+
+
+@dataclass(slots=True)
+class Interrupt:
+    """The first SIGINT or SIGTERM a run got (``cancel_on_signals``); None: none."""
+
+    signum: int | None = None
+
+
+def cancel_on_signals(stopped: Interrupt) -> None:
+    """SIGINT and SIGTERM cancel the running task, the first of them noted in ``stopped``. The children are stopped
+    by the context managers that started them, as the cancellation unwinds."""
+    main = asyncio.current_task()
+    assert main is not None
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stopped.signum is None:
+            stopped.signum = signum
+            main.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+def announce_into(children: list[Child]) -> Callable[[Child], None]:
+    """An ``on_start`` callback: each child started is added to ``children`` (a run's JSON lists them, so a test
+    can check they are gone) and announced."""
+
+    def started(child: Child) -> None:
+        children.append(child)
+        print(f"  started {child.name} (pid {child.pid})", flush=True)
+
+    return started
 
 
 @contextlib.asynccontextmanager
