@@ -55,7 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prefilter",
-        type=int,
+        type=units.at_least(0),
         default=Settings().prefilter_endpoints,
         help="--prefilter-endpoints of the scheduler (0: off; default: picker serve's)",
     )

@@ -97,6 +97,7 @@ def test_each_command_refuses_a_bad_list_by_name(argv: list[str], capsys: pytest
         ["load", "--url", "http://127.0.0.1:9", "--long-fraction", "1.5"],
         ["bench", "overhead", "--latency-requests=1"],
         ["bench", "schedule", "--cycles=0"],
+        ["bench", "schedule", "--prefilter=-1"],
         ["bench", "kv-index", "--endpoints=0"],
         ["bench", "kv-lab", "--external-share=2"],
         ["bench", "kv-live", "--rate=0"],
