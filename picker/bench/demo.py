@@ -73,7 +73,7 @@ class DemoPlan:
 def configure(parser: argparse.ArgumentParser) -> None:
     d = DemoPlan()
     parser.add_argument("--short", action="store_true", help=f"{SHORT_DURATION_S:g} s of load per phase (CI)")
-    parser.add_argument("--sims", type=units.at_least(1), default=d.sims, help=f"simulated servers (default {d.sims})")
+    parser.add_argument("--sims", type=units.at_least(2), default=d.sims, help=f"simulated servers (default {d.sims})")
     parser.add_argument("--rate", type=units.above(0), help=f"requests/s (default {d.rate:g}; --pd: 2)")
     parser.add_argument("--duration", type=units.above(0), help=f"seconds of load per phase ({FULL_DURATION_S:g})")
     parser.add_argument(

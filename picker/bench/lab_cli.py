@@ -98,9 +98,7 @@ def _policies(args: argparse.Namespace) -> list[str]:
 
 
 def _rates(args: argparse.Namespace) -> list[float]:
-    if args.rate is not None:
-        if args.rate <= 0:
-            raise ValueError(f"--rate {args.rate:g}: above 0")
+    if args.rate is not None:  # its parser type refuses a rate not above 0
         return [args.rate]
     return flags.numbers(args.rates, "--rates", float, above=0)
 

@@ -75,7 +75,7 @@ class WorkloadDefaults:
 
 def add_workload_arguments(w: argparse._ArgumentGroup, d: WorkloadDefaults) -> None:
     """The flags ``build_workload`` reads (``picker load``, ``picker bench lab``)."""
-    count, tokens = units.at_least(1), units.at_least(1)
+    count = tokens = units.at_least(1)
     w.add_argument("--workload", choices=WORKLOADS, default=d.workload)
     w.add_argument("--fixed", type=count, metavar="N", help="every answer exactly N tokens (ignore_eos)")
     w.add_argument("--groups", type=count, default=d.groups, help="shared-prefix: groups")
