@@ -55,7 +55,7 @@ from picker.scheduling.config import SchedulerConfig, load_config, load_config_f
 from picker.scheduling.framework import PluginContext
 from picker.scheduling.plugins import precise_prefix, token_producer
 from picker.scheduling.scheduler import Scheduler
-from picker.scheduling.units import bool_arg, port_arg
+from picker.scheduling.units import add_bool_flag, port_arg
 from picker.scheduling.units import duration_arg as parse_duration
 from picker.scrape import poller
 from picker.scrape.share import ScrapeShare
@@ -133,33 +133,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--grpc-health-port", type=port_arg, default=srv.health_port, help="gRPC health port (plaintext)")
     add("--metrics-port", type=port_arg, default=srv.metrics_port, help="Prometheus /metrics port (0: off)")
     add("--host", default=srv.host, help="address to listen on")
-    add(
+    add_bool_flag(
+        parser,
         "--secure-serving",
-        type=bool_arg,
-        nargs="?",
-        const=True,
         default=srv.secure_serving,
-        metavar="BOOL",
         help="TLS on the ext_proc port (default true; --secure-serving=false for plaintext)",
     )
     add("--cert-path", default=None, help="directory with tls.crt and tls.key (default: self-signed at start)")
-    add(
+    add_bool_flag(
+        parser,
         "--enable-cert-reload",
-        type=bool_arg,
-        nargs="?",
-        const=True,
         default=srv.cert_reload,
-        metavar="BOOL",
         help="serve a rotated --cert-path pair (and --client-ca-file) from the next handshake on, no restart",
     )
     add("--client-ca-file", default=None, help="PEM CA bundle: require gateway client certificates it signed (mTLS)")
-    add(
+    add_bool_flag(
+        parser,
         "--metrics-endpoint-auth",
-        type=bool_arg,
-        nargs="?",
-        const=True,
         default=srv.metrics_endpoint_auth,
-        metavar="BOOL",
         help="/metrics needs a bearer token the Kubernetes API accepts (TokenReview) for GET /metrics",
     )
     add("--metrics-auth-token-file", default=None, help="/metrics needs 'Authorization: Bearer <this file's token>'")
@@ -181,15 +172,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="metrics older than this exclude an endpoint (e.g. 2s)",
     )
-    add(
-        "--disable-endpoint-subset-filter",
-        type=bool_arg,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="BOOL",
-        help="ignore the proxy's subset hint",
-    )
+    add_bool_flag(parser, "--disable-endpoint-subset-filter", default=False, help="ignore the proxy's subset hint")
     add("--max-body-bytes", type=units.at_least(1), default=srv.max_body_bytes, help="request bodies over this get 413")
     add(
         "--max-header-bytes",
@@ -224,13 +207,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=Settings().prefilter_endpoints,
         help="pools larger than this score only this many least loaded endpoints plus the prefix holders (0: off)",
     )
-    add(
+    add_bool_flag(
+        parser,
         "--explain-header",
-        type=bool_arg,
-        nargs="?",
-        const=True,
         default=False,
-        metavar="BOOL",
         help="add x-picker-explain (per-plugin scores, compact JSON) to the routed request",
     )
     add(

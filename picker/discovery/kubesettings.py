@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from picker.discovery import kubeobjects
 from picker.discovery.kubeobjects import POOL_GROUP, POOL_GROUP_V1ALPHA2, Selector
 from picker.errors import ConfigError
-from picker.scheduling.units import bool_arg
+from picker.scheduling.units import add_bool_flag
 
 __all__ = ["KubeSettings", "configure", "settings_from_args"]
 
@@ -87,13 +87,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--endpoint-selector", default="", help="standalone mode: pod label selector 'k=v,k2=v2'")
     group.add_argument("--endpoint-target-ports", default="", help="standalone mode: ports per pod, e.g. 8000,8001")
     group.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
-    group.add_argument(
+    add_bool_flag(
+        group,
         "--ha-enable-leader-election",
-        type=bool_arg,
-        nargs="?",
-        const=True,
         default=False,
-        metavar="BOOL",
         help="active-passive replicas: only the holder of the pool's Lease reports ready (needs --pool-name)",
     )
 

@@ -87,6 +87,14 @@ def bool_arg(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
+def add_bool_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *, default: bool, help: str
+) -> None:
+    """A Go-style boolean flag, as the reference EPP's: ``--flag`` alone is true, ``--flag=false`` (or any
+    ``bool_arg`` value) sets it."""
+    parser.add_argument(flag, type=bool_arg, nargs="?", const=True, default=default, metavar="BOOL", help=help)
+
+
 def duration_arg(text: str) -> float:
     """``duration_s`` as an argparse ``type``: a bad value is a usage error naming the flag."""
     try:
