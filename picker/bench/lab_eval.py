@@ -20,7 +20,11 @@ file, the point): a candidate configuration is then measured against the baselin
 ``--seeds 0,1,2`` runs every point at each seed (other requests, other arrival times) and takes the ratios of the
 p90s averaged over them: one seed's p90 at a point past the knee moves by 10 % or more from seed to seed, so a
 policy is compared on the mean; it prints the count of points within 2 % per seed and on the mean. The tables,
-``--png`` and ``--markdown``'s p90 tables are the first seed's runs; the ratios everywhere are the mean's.
+``--png`` and ``--markdown``'s p90 tables are the first seed's runs; the ratios everywhere are the mean's. With
+several seeds each point also says at how many seeds picker was more than 2 % behind the best policy on the
+mean, and, from 5 seeds, the 95 % bootstrap interval of the ratio (the seeds resampled 2,000 times, each keeping
+both policies' runs): a point outside 2 % whose interval still reaches the line is ``undecided`` (another draw of
+seeds could put it within), one whose interval lies wholly below is ``no``. The count stays the mean's.
 The numbers and what they mean are in docs/performance.md ("Scheduling: policy lab") and docs/scheduling.md.
 """
 
@@ -31,12 +35,13 @@ import concurrent.futures
 import hashlib
 import os
 import pickle
+import random
 import stat
 import statistics
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,7 @@ __all__ = [
     "plot",
     "ratios",
     "run",
+    "verdict",
     "within",
 ]
 
@@ -75,6 +81,8 @@ PREVIOUS = "picker-v1"  # the default before it followed what the servers report
 BASELINE_POLICIES = ("rr", "lc", "p2c", "reference", "cache-aware", "lmetric", PREVIOUS)
 ENGINES = 8
 WITHIN = 1.02  # issue 13's bar: a point is met when picker's p90 is at most 2 % above the best other policy's
+MIN_SEEDS_FOR_INTERVAL = 5  # fewer seeds give a bootstrap interval too coarse to tell anything by
+_RESAMPLES = 2000
 LORA_ADAPTERS = ("lora-a", "lora-b", "lora-c")
 LORA_WEIGHTS = (60.0, 30.0, 10.0)  # GIE's regression mix
 
@@ -211,6 +219,12 @@ class Ratio:
     vs_rr: float  # round robin p90 / picker p90
     lowest: bool  # picker's p90 is the lowest of all
     scenario: str = PLAIN
+    # Over several seeds (``mean_ratios``): the seeds where picker's p90 was more than 2 % above the best other
+    # policy's (the best on the mean), of how many; and, from ``MIN_SEEDS_FOR_INTERVAL`` seeds, the 95 %
+    # bootstrap interval of ``vs_best`` (seeds resampled, each keeping both policies' runs).
+    seeds_behind: int | None = None
+    seeds: int | None = None
+    interval: tuple[float, float] | None = None
 
 
 def rates_for(
@@ -347,12 +361,44 @@ def mean_ratios(
     for rate, first in (per_seed[0] if per_seed else {}).items():
         labels = [k for k in first if all(k in seed.get(rate, {}) for seed in per_seed)]
         mean[rate] = {k: statistics.fmean(seed[rate][k] for seed in per_seed) for k in labels}
-    return _ratios(name, mean, picker, scenario)
+    out = _ratios(name, mean, picker, scenario)
+    if len(per_seed) < 2:
+        return out
+    return [_over_seeds(r, [(seed[r.rate][picker], seed[r.rate][r.best_baseline]) for seed in per_seed]) for r in out]
+
+
+def _over_seeds(ratio: Ratio, pairs: Sequence[tuple[float, float]]) -> Ratio:
+    """``ratio`` with how it held seed by seed: ``pairs`` are (picker's p90, the best other policy's) per seed."""
+    behind = sum(mine > WITHIN * best for mine, best in pairs)
+    interval = None
+    if len(pairs) >= MIN_SEEDS_FOR_INTERVAL:
+        # A fixed stream: the same runs always print the same interval.
+        rng = random.Random(0)
+        n = len(pairs)
+        samples = []
+        for _ in range(_RESAMPLES):
+            drawn = [pairs[rng.randrange(n)] for _ in range(n)]
+            samples.append(_div(sum(b for _, b in drawn), sum(m for m, _ in drawn)))
+        samples.sort()
+        interval = (samples[int(0.025 * _RESAMPLES)], samples[int(0.975 * _RESAMPLES) - 1])
+    return replace(ratio, seeds_behind=behind, seeds=len(pairs), interval=interval)
 
 
 def within(ratio: Ratio) -> bool:
     """Whether picker's p90 is at most 2 % above the best other policy's there (``WITHIN``)."""
     return ratio.vs_best >= 1 / WITHIN
+
+
+def verdict(ratio: Ratio) -> str:
+    """``yes`` (the lowest), ``within 2 %``, or, outside: ``no``, or ``undecided`` where the bootstrap interval
+    over the seeds still reaches the 2 % line (another draw of seeds could put the point within)."""
+    if ratio.lowest:
+        return "yes"
+    if within(ratio):
+        return "within 2 %"
+    if ratio.interval is not None and ratio.interval[1] >= 1 / WITHIN:
+        return "undecided"
+    return "no"
 
 
 def _p90s(rows: Sequence[lab_report.Row]) -> dict[float, dict[str, float]]:
@@ -634,14 +680,17 @@ def markdown(
         if cols:
             out += _table(f"**{w.name}** under the other scenarios, TTFT p90:", cols, results, w.name)
     met, total = _count(rs)
-    out += [f"Within 2 % of the best other policy at {met} of {total} points.", ""]
-    out += ["| scenario | workload | req/s | picker p90 | best other (p90) | best / picker | rr / picker | lowest |"]
-    out.append("|---|---|---|---|---|---|---|---|")
+    out += [f"Within 2 % of the best other policy at {met} of {total} points.{_outside(rs)}", ""]
+    spread = any(r.seeds is not None for r in rs)
+    extra = " seeds behind | 95 % interval |" if spread else ""
+    out += ["| scenario | workload | req/s | picker p90 | best other (p90) | best / picker | rr / picker |" + extra
+            + " lowest |", "|---|---|---|---|---|---|---|" + ("---|---|" if spread else "") + "---|"]  # fmt: skip
     for r in rs:
+        cells = f" {_behind(r)} | {_interval(r)} |" if spread else ""
         out.append(
             f"| {r.scenario} | {r.workload} | {r.rate:g} | {_fmt_s(r.picker_p90_s)} | "
-            f"{r.best_baseline} ({_fmt_s(r.best_baseline_p90_s)}) | {r.vs_best:.2f}x | {r.vs_rr:.1f}x | "
-            f"{'yes' if r.lowest else ('within 2 %' if within(r) else 'no')} |"
+            f"{r.best_baseline} ({_fmt_s(r.best_baseline_p90_s)}) | {r.vs_best:.2f}x | {r.vs_rr:.1f}x |{cells} "
+            f"{verdict(r)} |"
         )
     return "\n".join(out) + "\n"
 
@@ -670,6 +719,23 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def _behind(r: Ratio) -> str:
+    return "-" if r.seeds is None else f"{r.seeds_behind}/{r.seeds}"
+
+
+def _interval(r: Ratio) -> str:
+    return "-" if r.interval is None else f"{r.interval[0]:.2f}-{r.interval[1]:.2f}"
+
+
+def _outside(rows: Sequence[Ratio]) -> str:
+    """Of the points outside 2 %, how many the seeds' intervals leave undecided (empty without intervals)."""
+    out = [r for r in rows if not within(r)]
+    if not out or all(r.interval is None for r in out):
+        return ""
+    undecided = sum(verdict(r) == "undecided" for r in out)
+    return f" Of the {len(out)} outside, {undecided} undecided (95 % interval over the seeds reaching the 2 % line)."
+
+
 def _count(rows: Sequence[Ratio]) -> tuple[int, int]:
     """(points within 2 % of the best other policy, points)."""
     return sum(within(r) for r in rows), len(rows)
@@ -682,19 +748,22 @@ def _print_ratios(rows: Sequence[Ratio], by_seed: Mapping[int, Sequence[Ratio]])
     seeds = list(by_seed)
     averaged = f" (p90 averaged over seeds {', '.join(map(str, seeds))})" if len(seeds) > 1 else ""
     print(f"\np90 TTFT of the focus policy{averaged}: vs the best other policy (>1 = focus lower) and vs round robin")
+    spread = any(r.seeds is not None for r in rows)
+    extra = f" {'behind':>7} {'95 % interval':>13}" if spread else ""
     print(
         f"  {'scenario':<16} {'workload':<14} {'req/s':>6} {'picker':>9} {'best other':>24} {'vs best':>8} "
-        f"{'vs rr':>8}  lowest"
+        f"{'vs rr':>8}{extra}  lowest"
     )
     for r in rows:
         best = f"{r.best_baseline} {r.best_baseline_p90_s * 1e3:.0f} ms"
+        cells = f" {_behind(r):>7} {_interval(r):>13}" if spread else ""
         print(
             f"  {r.scenario:<16} {r.workload:<14} {r.rate:>6g} {r.picker_p90_s * 1e3:>6.0f} ms {best:>24} "
-            f"{r.vs_best:>7.2f}x {r.vs_rr:>7.2f}x  {'yes' if r.lowest else 'within 2 %' if within(r) else 'no'}"
+            f"{r.vs_best:>7.2f}x {r.vs_rr:>7.2f}x{cells}  {verdict(r)}"
         )
     met, total = _count(rows)
     if len(seeds) > 1:
         each = ", ".join(f"{_count(by_seed[seed])[0]} at seed {seed}" for seed in seeds)
-        print(f"within 2 % of the best other policy: {met} of {total} points on the mean p90 ({each})")
+        print(f"within 2 % of the best other policy: {met} of {total} points on the mean p90 ({each}).{_outside(rows)}")
     else:
         print(f"within 2 % of the best other policy: {met} of {total} points")

@@ -161,6 +161,43 @@ def test_several_seeds_compare_the_mean_p90(tmp_path: Path, capsys: pytest.Captu
         assert doc["within"][str(seed)] == [int(seed_best / p90[(seed, PICKER)] >= 1 / lab_eval.WITHIN), 1]
     assert f"{met} of 1 points on the mean p90" in text
     assert "averaged over seeds 0, 1, 2" in md.read_text()
+    # Seed by seed, against the best on the mean; three seeds are too few for an interval.
+    behind = sum(p90[(seed, PICKER)] > lab_eval.WITHIN * p90[(seed, best)] for seed in (0, 1, 2))
+    assert (ratio["seeds_behind"], ratio["seeds"], ratio["interval"]) == (behind, 3, None)
+    assert f"{behind}/3" in md.read_text()
+
+
+def _ratio(pairs: list[tuple[float, float]]) -> lab_eval.Ratio:
+    """A point's ratio on the mean of ``pairs`` (picker's p90, the best other's), with its spread over them."""
+    mine, best = (sum(x) / len(pairs) for x in zip(*pairs, strict=True))
+    ratio = lab_eval.Ratio("w", 10.0, mine, "rr", best, best, best / mine, best / mine, lowest=mine <= best)
+    return lab_eval._over_seeds(ratio, pairs)
+
+
+def test_the_spread_over_seeds_tells_a_real_miss_from_the_draw() -> None:
+    # Behind by 5-10 % at every seed: outside, whatever the draw.
+    steady = _ratio([(1.05 + 0.01 * i, 1.0) for i in range(6)])
+    assert steady.seeds_behind == 6
+    assert steady.interval is not None
+    assert steady.interval[1] < 1 / lab_eval.WITHIN
+    assert steady.interval[0] <= steady.vs_best <= steady.interval[1]
+    assert lab_eval.verdict(steady) == "no"
+    # Behind on the mean (by 4 %), yet ahead at four of the six seeds: another draw could put it within.
+    mixed = _ratio([(1.3, 1.0), (0.95, 1.0), (1.2, 1.0), (0.95, 1.0), (0.9, 1.0), (0.9, 1.0)])
+    assert not lab_eval.within(mixed)
+    assert mixed.seeds_behind == 2
+    assert mixed.interval is not None
+    assert mixed.interval[0] < 1 / lab_eval.WITHIN <= mixed.interval[1]
+    assert lab_eval.verdict(mixed) == "undecided"
+    # The same runs print the same interval; fewer than five seeds print none, and a miss stays a miss.
+    assert _ratio([(1.05 + 0.01 * i, 1.0) for i in range(6)]).interval == steady.interval
+    few = _ratio([(1.1, 1.0), (0.9, 1.0), (1.2, 1.0)])
+    assert few.interval is None
+    assert lab_eval.verdict(few) == "no"
+    assert lab_eval.verdict(_ratio([(0.99, 1.0)] * 6)) == "yes"
+    close = _ratio([(1.01, 1.0)] * 6)  # 1 % behind at every seed: within, and behind at none
+    assert lab_eval.verdict(close) == "within 2 %"
+    assert close.seeds_behind == 0
 
 
 def test_rates_and_seed_ranges_pick_the_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
