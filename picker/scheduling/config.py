@@ -65,7 +65,9 @@ DEFAULT_PROFILE = "default"
 #   slow server takes fewer short requests instead of its even share; ``coldSpreadPlacedWhenFull``: once picker's
 #   index is full for every server (the blocks held compare equal), a cold prompt goes by the new content each
 #   server took in lately, strictly to the least once every server queues (sessions come back for their next
-#   turns: that content is work still to come);
+#   turns: that content is work still to come); ``coldSpreadLoraFit``: a cold prompt for a LoRA adapter is spread
+#   only over the servers where the adapter runs or has a free slot, not onto one where it would wait for another
+#   adapter to drain and be unloaded;
 # * token-load-scorer with ``loadSource: blended``: per server, the scraped waiting + running requests
 #   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
 #   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
@@ -94,6 +96,7 @@ plugins:
     loadCapFloor: 8
     coldSpreadSpeedFrom: relative-ttft-scorer
     coldSpreadPlacedWhenFull: true
+    coldSpreadLoraFit: true
 - type: token-load-scorer
   parameters:
     queueThresholdTokens: 32768

@@ -16,12 +16,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
+from picker.plugins import (
+    Category,
+    CycleState,
+    Endpoint,
+    EndpointMetrics,
+    InferenceRequest,
+    PluginContext,
+    PluginParams,
+)
 from picker.scheduling.framework import Scorer
 from picker.scheduling.scores import ScoreVector
 from picker.scheduling.spec import PluginSpec
 
-__all__ = ["SPEC", "TYPE", "LoraAffinityScorer", "Params", "create"]
+__all__ = ["SPEC", "TYPE", "LoraAffinityScorer", "Params", "adapter_fits", "create"]
 
 TYPE = "lora-affinity-scorer"
 
@@ -32,6 +40,17 @@ WAITING = 0.6
 
 class Params(PluginParams):
     """No parameters."""
+
+
+def has_free_slot(m: EndpointMetrics) -> bool:
+    """Room for one more adapter: distinct running-or-waiting adapters below ``max_lora``."""
+    return bool(m.max_loras) and len(m.running_loras | m.waiting_loras) < m.max_loras  # no union unless needed
+
+
+def adapter_fits(m: EndpointMetrics, adapter: str) -> bool:
+    """Whether ``adapter`` runs on the server now or can be loaded beside what runs there (the scorer's 1.0 and
+    0.8): elsewhere it waits until another adapter's requests drain and that one is unloaded."""
+    return adapter in m.running_loras or has_free_slot(m)
 
 
 class LoraAffinityScorer:
@@ -49,7 +68,7 @@ class LoraAffinityScorer:
             m = e.metrics
             if adapter in m.running_loras:
                 scores.append(ACTIVE)
-            elif m.max_loras and len(m.running_loras | m.waiting_loras) < m.max_loras:  # no set union unless needed
+            elif has_free_slot(m):
                 scores.append(HAS_CAPACITY)
             elif adapter in m.waiting_loras:
                 scores.append(WAITING)

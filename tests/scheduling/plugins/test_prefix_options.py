@@ -165,6 +165,39 @@ def test_cold_spread_of_short_prompts_weighs_each_server_by_its_speed() -> None:
     assert set(by_key(plain.score(short, EPS, CycleState())).values()) == {0.0}
 
 
+def test_cold_spread_lora_fit_keeps_an_adapter_off_servers_it_would_wait_on() -> None:
+    # One adapter slot each: E1 runs lora-a, E2 runs lora-b, E3 runs nothing; E1 took the most content.
+    pool = [
+        endpoint(1, loras=("lora-a",), max_loras=1),
+        endpoint(2, loras=("lora-b",), max_loras=1),
+        endpoint(3, max_loras=1),
+    ]
+    cold_a = request(model="lora-a", prompt="c" * (BLOCK * 2))
+    on, off = _scorer(coldSpread=1.0, coldSpreadLoraFit=True), _scorer(coldSpread=1.0)
+    for scorer in (on, off):
+        _learn(scorer, request(prompt="a" * (BLOCK * 4)), pool[0])
+    # The spread alone favours E2 (empty) as much as E3, but lora-a would wait there for lora-b to drain.
+    assert by_key(off.score(cold_a, pool, CycleState())) == {E1: 0.0, E2: 1.0, E3: 1.0}
+    assert by_key(on.score(cold_a, pool, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    # An adapter only waiting to be loaded somewhere is an adapter too: it fits only where a slot is free.
+    queued = [endpoint(1, waiting_loras=("lora-c",), max_loras=1), pool[1], pool[2]]
+    cold_c = request(model="lora-c", prompt="c" * (BLOCK * 2))
+    assert by_key(on.score(cold_c, queued, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    # A base-model request names no adapter any server lists: the spread is as before.
+    base = request(model="my-model", prompt="c" * (BLOCK * 2))
+    assert by_key(on.score(base, pool, CycleState())) == by_key(off.score(base, pool, CycleState()))
+    # Where the adapter fits nowhere (every slot taken), the spread is as before too.
+    full = [queued[0], pool[1], endpoint(3, loras=("lora-b",), max_loras=1)]
+    assert by_key(on.score(cold_c, full, CycleState())) == by_key(off.score(cold_c, full, CycleState()))
+    assert by_key(on.score(cold_c, full, CycleState())) == {E1: 0.0, E2: 1.0, E3: 1.0}
+    # A prompt some server holds is scored by its match, not by the spread.
+    warm = request(model="lora-a", prompt="w" * (BLOCK * 2))
+    for scorer in (on, off):
+        _learn(scorer, warm, pool[1])
+    assert by_key(on.score(warm, pool, CycleState())) == by_key(off.score(warm, pool, CycleState()))
+    assert by_key(on.score(warm, pool, CycleState()))[E2] == 1.0
+
+
 def test_the_relative_ttft_scorer_is_a_speed_source_for_the_spread() -> None:
     config = load_config(DEFAULT_CONFIG_TEXT, ctx())
     scorer = config.plugins["prefix-cache-scorer"]
