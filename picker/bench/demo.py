@@ -151,12 +151,10 @@ def run(args: argparse.Namespace) -> int:
         rows = asyncio.run(_main(plan, workload, envoy_bin, children, stopped))
     except (procs.ChildFailed, KeyboardInterrupt, asyncio.CancelledError) as exc:
         # By now every child is stopped (the phases' context managers), whatever happened.
-        if isinstance(exc, KeyboardInterrupt) and stopped.signum is None:
-            stopped.signum = signal.SIGINT  # before the loop's own handler was installed
-        if stopped.signum is not None:  # children exiting on the terminal's Ctrl-C are not failures
-            name = signal.Signals(stopped.signum).name
+        if (signum := stopped.stopping_signal(exc)) is not None:  # children exiting on Ctrl-C are not failures
+            name = signal.Signals(signum).name
             print(f"picker demo: {name}: stopped; every process it started is stopped", file=sys.stderr)
-            return 128 + stopped.signum
+            return 128 + signum
         print(f"picker demo: {exc}", file=sys.stderr)
         return 1
     print()

@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         phases = asyncio.run(_main(plan, fleet, workload, envoy_bin, children, stopped))
     except (procs.ChildFailed, KeyboardInterrupt, asyncio.CancelledError) as exc:
-        if stopped.signum is not None or isinstance(exc, KeyboardInterrupt):
-            signum = stopped.signum if stopped.signum is not None else signal.SIGINT
+        if (signum := stopped.stopping_signal(exc)) is not None:
             print(f"picker demo --pd: {signal.Signals(signum).name}: stopped", file=sys.stderr)
             return 128 + signum
         print(f"picker demo --pd: {exc}", file=sys.stderr)

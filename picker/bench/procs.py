@@ -146,6 +146,13 @@ class Interrupt:
 
     signum: int | None = None
 
+    def stopping_signal(self, exc: BaseException) -> int | None:
+        """The signal that ended a run which raised ``exc``: the one noted, or SIGINT for a KeyboardInterrupt raised
+        before the handlers were installed; None: the run failed on its own."""
+        if self.signum is not None:
+            return self.signum
+        return signal.SIGINT if isinstance(exc, KeyboardInterrupt) else None
+
 
 def cancel_on_signals(stopped: Interrupt) -> None:
     """SIGINT and SIGTERM cancel the running task, the first of them noted in ``stopped``. The children are stopped
