@@ -75,9 +75,10 @@ DEFAULT_PROFILE = "default"
 #   restart) decides alone; a stale or missing scrape falls back to the ledger; a prompt under 512 tokens
 #   also counts 512 tokens on a server where a prefill of picker's is pending (it would wait for that step),
 #   in that server's time (a slow server's step takes longer), so short requests do not come in runs; a streamed
-#   prompt under 32 tokens, while most recent requests are such, counts only the prefills ahead of it (that mark,
-#   and 512 tokens per request the server reports waiting beyond picker's), not the answers being decoded, and
-#   the servers left equal are taken in turn (round robin where nothing else differs);
+#   prompt under 32 tokens, while most recent requests are such, counts only the queue ahead of it that picker
+#   did not send (512 tokens per request the server reports waiting beyond picker's, and a slow server's own
+#   next step), not the answers being decoded nor picker's own pending prefills, and the servers left equal are
+#   taken in turn (round robin where nothing else differs: the rotation spaces picker's own prompts);
 # * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
 #   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
 # * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the

@@ -99,9 +99,9 @@ def _short_scorer(c: PluginContext, *, warm: bool = True) -> token_load.TokenLoa
     return scorer
 
 
-def test_a_short_prompt_counts_the_prefills_ahead_of_it_not_the_answers_being_decoded() -> None:
+def test_a_short_prompt_counts_the_queue_others_left_not_the_answers_being_decoded() -> None:
     c = ctx()
-    c.inflight.acquire(E1.key, 10, 0.0)  # E1: a prefill of picker's pending
+    c.inflight.acquire(E1.key, 10, 0.0)  # E1: a prefill of picker's pending (the rotation spaces those)
     decoding = c.inflight.acquire(E2.key, 900, 0.0)
     c.inflight.prefilled(decoding, 0)  # E2: 900 tokens of answer to decode, no prefill pending
     e3 = endpoint(3, waiting=3, running=1, own_requests=0)  # E3: 3 of another client's requests waiting
@@ -109,7 +109,7 @@ def test_a_short_prompt_counts_the_prefills_ahead_of_it_not_the_answers_being_de
     scorer = _short_scorer(c)
     cycle = CycleState()
     scores = by_key(scorer.score(request(prompt_tokens=13, stream=True), [E1, E2, e3, e4], cycle))
-    assert scores == pytest.approx({E1.key: 1 - 300 / 1000, E2.key: 1.0, e3.key: 1 - 900 / 1000, e4.key: 1.0})
+    assert scores == pytest.approx({E1.key: 1.0, E2.key: 1.0, e3.key: 1 - 900 / 1000, e4.key: 1.0})
     assert cycle[ROTATE_TIES] is True
     # A prompt of 32 tokens is not short: the answers in flight count, and the picker is not asked to rotate.
     cycle = CycleState()
@@ -128,13 +128,38 @@ def test_short_prompts_count_only_their_queue_while_most_recent_prompts_are_shor
     for _ in range(40):
         scorer.score(short, [E1], CycleState())
     cycle = CycleState()
-    assert by_key(scorer.score(short, [E1], cycle)) == {E1.key: pytest.approx(1 - 300 / 1000)}
+    assert by_key(scorer.score(short, [E1], cycle)) == {E1.key: 1.0}  # nothing queued beyond picker's own
     assert cycle[ROTATE_TIES] is True
     for _ in range(40):  # long prompts come to outnumber the short ones
         scorer.score(long, [E1], CycleState())
     cycle = CycleState()
     assert by_key(scorer.score(short, [E1], cycle)) == decode_counted
     assert ROTATE_TIES not in cycle
+
+
+def test_a_short_prompt_leaves_picker_s_own_pending_prefills_to_the_rotation() -> None:
+    # Independent replicas (or one picker) each send short prompts in turn; a server whose turn has come with a
+    # short prefill of picker's still pending is not skipped, since skipping puts the prompt out of turn onto a
+    # server another replica may have just sent one to. A slow server's own next step still counts.
+    c = ctx()
+    for e in (E1, E2):
+        c.inflight.acquire(e.key, 13, 0.0)
+    params = token_load.Params(
+        queueThresholdTokens=1000, prefillPendingTokens=300, shortPromptTokens=32, prefillPendingSpeedFrom="ttft"
+    )
+    scorer = token_load.create("t", params, c)
+    assert isinstance(scorer, token_load.TokenLoadScorer)
+    scorer.bind({"ttft": FixedSpeeds({E2.key: 2.0, E3.key: 1.5})}, ())
+    for _ in range(40):
+        scorer.score(request(prompt_tokens=13, stream=True), [], CycleState())
+    e4 = endpoint(4)
+    cycle = CycleState()
+    scores = by_key(scorer.score(request(prompt_tokens=13, stream=True), [E1, E2, E3, e4], cycle))
+    assert scores == pytest.approx({E1.key: 1.0, E2.key: 1 - 300 / 1000, E3.key: 1 - 150 / 1000, e4.key: 1.0})
+    assert cycle[ROTATE_TIES] is True
+    # A longer prompt (the usual path) still counts the pending mark, in each server's time.
+    scores = by_key(scorer.score(request(prompt_tokens=100, stream=True), [E1, E2, E3], CycleState()))
+    assert scores == pytest.approx({E1.key: 1 - 413 / 1000, E2.key: 1 - 713 / 1000, E3.key: 1 - 250 / 1000})
 
 
 def test_a_short_prompt_not_streamed_counts_the_answers_in_flight() -> None:
