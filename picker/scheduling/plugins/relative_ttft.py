@@ -15,7 +15,11 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   median (1: as fast as the pool for the same work; queueing counts, an overloaded server is slow too). The
   median, not a mean, so one response stuck behind a long prompt does not mark a server slow;
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
-* an endpoint with no sample in the last ``memorySeconds`` has no slowness: it is tried again, not shunned.
+* an endpoint with no sample in the last ``memorySeconds`` is tried again, not shunned for ever, but gradually:
+  its slowness fades toward 1 from then on, halving its distance to 1 every ``memorySeconds / 2``, and the next sample
+  starts a new window. Dropping it at once made a shunned server, still slow, the best of every spread that had
+  balanced by content (it had taken none for a while) and flooded it: a server 15x slower than the rest took 60
+  of the next 100 requests (docs/scheduling.md, "Tried in a sixth session of 2026-12-05").
 
 Score: with ``ref`` the median slowness of the candidates that have one (the upper median for an even count;
 in a pool of two, the faster of them; when only one candidate has samples, a full window of them, the others
@@ -103,11 +107,15 @@ class RelativeTtftScorer:
         self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
 
     def slowness(self, key: str) -> float | None:
-        """Endpoint ``key``'s median TTFT relative to the pool's, or None without a recent sample."""
+        """Endpoint ``key``'s median TTFT relative to the pool's, fading toward 1 once its newest sample is older
+        than ``memorySeconds``; None without a sample."""
         s = self._samples.get(key)
-        if s is None or not s.ratios or self._ctx.clock() - s.last_at > self.params.memory_seconds:
+        if s is None or not s.ratios:
             return None
-        return s.median
+        silent = self._ctx.clock() - s.last_at - self.params.memory_seconds
+        if silent <= 0.0:
+            return s.median
+        return 1.0 + (s.median - 1.0) * 0.5 ** (silent / (0.5 * self.params.memory_seconds))
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
         compared = self._compared(endpoints)
@@ -189,8 +197,11 @@ class RelativeTtftScorer:
         if ref is None:
             return  # the first response of a class only sets the pool's reference
         samples = self._samples.setdefault(info.endpoint_key, _Samples())
+        now = self._ctx.clock()
+        if now - samples.last_at > self.params.memory_seconds:
+            samples.ratios.clear()  # after a silence the old samples say little of the server now
         samples.ratios.append(latency / ref)
-        samples.last_at = self._ctx.clock()
+        samples.last_at = now
         ordered = sorted(samples.ratios)
         samples.median = ordered[len(ordered) // 2]
 

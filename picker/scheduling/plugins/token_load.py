@@ -96,6 +96,10 @@ class Params(PluginParams):
 
 # At least half of the recent requests (about the last 50) must be short and streamed.
 _SHORT_SHARE_MIN = 0.5
+# Short prompts: picker's own pending prefills on a server beyond twice the candidates' mean plus one count a
+# mark each (a server that stopped answering keeps its turns in the rotation otherwise).
+_BACKLOG_TIMES_MEAN = 2.0
+_BACKLOG_SLACK = 1.0
 
 
 class TokenLoadScorer:
@@ -149,8 +153,13 @@ class TokenLoadScorer:
         if self._short and self._short_prompt(prompt, req.stream):
             cycle[ROTATE_TIES] = True
             # The queue ahead: requests the server reports waiting beyond picker's, and a slow server's own next
-            # prefill step. Not picker's own pending prefills: the rotation spaces those (the module's docstring).
+            # prefill step. picker's own pending prefills only as a backlog: the rotation spaces them (the module's
+            # docstring).
             loads = [pending * w for w in native.server_waiting(ctx, endpoints)]
+            if endpoints:  # a backlog of picker's own: the server has stopped keeping up with its turns
+                prefilling = ctx.inflight.prefilling_of(endpoints)
+                limit = _BACKLOG_TIMES_MEAN * sum(prefilling) / len(prefilling) + _BACKLOG_SLACK
+                loads = [x + pending * (n - limit) if n > limit else x for x, n in zip(loads, prefilling, strict=True)]
             if speed is not None:
                 loads = [x + pending * (f - 1.0) for x, f in zip(loads, speed.slowness_factors(endpoints), strict=True)]
             return self._scores(endpoints, loads)

@@ -162,6 +162,25 @@ def test_a_short_prompt_leaves_picker_s_own_pending_prefills_to_the_rotation() -
     assert scores == pytest.approx({E1.key: 1 - 413 / 1000, E2.key: 1 - 713 / 1000, E3.key: 1 - 250 / 1000})
 
 
+def test_a_short_prompt_counts_a_backlog_of_picker_s_own_prefills() -> None:
+    # A server that stopped producing first tokens (hung, its /metrics still answering) keeps picker's prompts
+    # pending while the others answer theirs: beyond twice the mean plus one, each pending prefill counts a mark.
+    c = ctx()
+    e4 = endpoint(4)
+    for _ in range(4):
+        c.inflight.acquire(E1.key, 13, 0.0)
+    c.inflight.acquire(E2.key, 13, 0.0)
+    scorer = _short_scorer(c)
+    scores = by_key(scorer.score(request(prompt_tokens=13, stream=True), [E1, E2, E3, e4], CycleState()))
+    # mean 5 / 4 = 1.25, limit 3.5: E1's 4 pending count half a mark; E2's one is its turn.
+    assert scores == pytest.approx({E1.key: 1 - 150 / 1000, E2.key: 1.0, E3.key: 1.0, e4.key: 1.0})
+    for e in (E2, E3, e4):  # every server busy alike (one picker at a high rate): no backlog anywhere
+        for _ in range(3):
+            c.inflight.acquire(e.key, 13, 0.0)
+    scores = by_key(scorer.score(request(prompt_tokens=13, stream=True), [E1, E2, E3, e4], CycleState()))
+    assert scores == pytest.approx({E1.key: 1.0, E2.key: 1.0, E3.key: 1.0, e4.key: 1.0})
+
+
 def test_a_short_prompt_not_streamed_counts_the_answers_in_flight() -> None:
     c = ctx()
     stuck = c.inflight.acquire(E1.key, 900, 0.0)  # E1: a request lingering (a stalled server, say)

@@ -136,16 +136,30 @@ def test_a_lora_load_is_no_sample() -> None:
     assert set(scores(scorer, [a, b]).values()) == {1.0}
 
 
-def test_old_observations_are_forgotten_and_departed_endpoints_dropped() -> None:
+def test_a_server_not_heard_from_fades_back_and_departed_endpoints_are_dropped() -> None:
     scorer, clock = make(memory_seconds=30.0)
     fast, slow = endpoint(1), endpoint(2)
     for _ in range(8):
         respond(scorer, fast, 0.1)
-        respond(scorer, slow, 0.3)
-    assert scores(scorer, [fast, slow])[slow.key] < 1.0
-    clock.advance(31.0)
+        respond(scorer, slow, 0.4)
+    shunned = scorer.slowness(slow.key)
+    assert shunned is not None
+    assert shunned > 2.0
+    assert scores(scorer, [fast, slow])[slow.key] < 0.6
+    clock.advance(30.0)
+    assert scorer.slowness(slow.key) == shunned  # within memorySeconds: as it was
+    clock.advance(15.0)  # half the memory past it: half the excess left
+    assert scorer.slowness(slow.key) == pytest.approx(1.0 + (shunned - 1.0) / 2)
+    quick = scorer.slowness(fast.key)
+    assert quick is not None
+    assert quick < 1.0  # faster than the pool: toward 1 as well
+    clock.advance(120.0)
     assert scores(scorer, [fast, slow])[slow.key] == 1.0  # tried again, not shunned for ever
-    clock.advance(-31.0)
+    # The next sample after the silence starts a new window: the old ones say little of the server now.
+    respond(scorer, slow, 0.1)
+    fresh = scorer.slowness(slow.key)
+    assert fresh is not None
+    assert fresh < 1.0
     scorer.endpoints_changed(frozenset({fast.key}))
     assert scorer.slowness(slow.key) is None
 
