@@ -77,10 +77,12 @@ DEFAULT_PROFILE = "default"
 #   in that server's time (a slow server's step takes longer), so short requests do not come in runs; a streamed
 #   prompt under 32 tokens, while most recent requests are such, counts only the queue ahead of it that picker
 #   did not send (512 tokens per request the server reports waiting beyond picker's, and a slow server's own
-#   next step), not the answers being decoded nor picker's own pending prefills, and the servers left equal are
-#   taken in turn (round robin where nothing else differs: the rotation spaces picker's own prompts);
+#   next step), not the answers being decoded nor picker's own pending prefills unless they pile up (more than
+#   twice the mean plus one), and the servers left equal are taken in turn (round robin where nothing else
+#   differs: the rotation spaces picker's own prompts);
 # * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
 #   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
+#   a server not heard from in 30 s comes back gradually (its slowness fades toward 1), not all at once;
 # * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
 #   same, so it changes nothing).
 # The previous default (ledger only, no cap, no TTFT) is ``picker.bench.policies.PREVIOUS_CONFIG_TEXT``.

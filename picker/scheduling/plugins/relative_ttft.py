@@ -16,10 +16,10 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   median, not a mean, so one response stuck behind a long prompt does not mark a server slow;
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
 * an endpoint with no sample in the last ``memorySeconds`` is tried again, not shunned for ever, but gradually:
-  its slowness fades toward 1 from then on, halving its distance to 1 every ``memorySeconds / 2``, and the next sample
-  starts a new window. Dropping it at once made a shunned server, still slow, the best of every spread that had
-  balanced by content (it had taken none for a while) and flooded it: a server 15x slower than the rest took 60
-  of the next 100 requests (docs/scheduling.md, "Tried in a sixth session of 2026-12-05").
+  its slowness fades toward 1 from then on, halving its distance to 1 every ``memorySeconds / 2``, and the next
+  sample starts a new window. Dropping it at once made a shunned server, still slow, the best of every spread
+  that balances by content (it had taken none for a while) and flooded it: a server 15x slower than the rest took
+  60 of the next 100 requests (docs/scheduling.md, "Tried in a sixth session of 2026-12-05").
 
 Score: with ``ref`` the median slowness of the candidates that have one (the upper median for an even count;
 in a pool of two, the faster of them; when only one candidate has samples, a full window of them, the others

@@ -46,8 +46,9 @@ the in-flight load as least connections does (short-long 100 req/s in the lab: 6
 least connections). picker's own pending prefills get no mark here: the rotation is what spaces picker's own
 short prompts, and a server whose turn comes while picker's previous short prompt there is still prefilling
 would otherwise be skipped, putting the prompt out of turn onto a server another replica or client may just have
-filled (4 independent replicas at 400 req/s: 99.4 -> 97.4 ms p90; with a fifth of the prompts 1,024 tokens long,
-80 req/s: 592 -> 251 ms). While short prompts are a
+filled (4 independent replicas at 400 req/s: 99.4 -> 97.4 ms p90). Only a backlog counts: pending prefills of
+picker's beyond twice the candidates' mean plus one count a mark each, so a server that has stopped answering
+(hung, its metrics page still up) does not keep its turns. While short prompts are a
 minority among long ones, the long prompts' prefills and the LoRA adapters' queues decide their wait too, and the
 tokens in flight count as for any request (docs/scheduling.md, issue 13). A request that is not streamed waits for
 its whole answer, so the answers being decoded where it goes count for it, and so do requests that linger on a
