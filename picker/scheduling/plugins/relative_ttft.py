@@ -34,6 +34,7 @@ usage), the clock.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -115,7 +116,7 @@ class RelativeTtftScorer:
         silent = self._ctx.clock() - s.last_at - self.params.memory_seconds
         if silent <= 0.0:
             return s.median
-        return 1.0 + (s.median - 1.0) * 0.5 ** (silent / (0.5 * self.params.memory_seconds))
+        return 1.0 + (s.median - 1.0) * math.pow(0.5, silent / (0.5 * self.params.memory_seconds))
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
         compared = self._compared(endpoints)
