@@ -6,6 +6,7 @@ from collections import Counter
 
 from picker.bench import workloads as wl
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
+from picker.bench.lab_eval import EVAL_WORKLOADS
 from picker.bench.policies import Pick, RoundRobin
 from picker.bench.report import summarize
 from picker.endpoints.model import Endpoint
@@ -117,9 +118,9 @@ def test_pickers_default_keeps_off_an_engine_that_stays_15x_slower_without_flood
     # Short prompts at 20 req/s on 8 engines, sim-0 15x slower throughout. Once its first answers show it, the
     # default sends it next to nothing, and keeps doing so when its last answer grows old: it used to forget the
     # slowness after memorySeconds and send sim-0 the share its spread had held back, 68 of 100 requests in 5 s.
-    engine = preset("h100-8b", num_gpu_blocks=2048)
-    arrivals = poisson_schedule(wl.short_long(seed=0).make(), 20.0, 1500, 0)
-    run = run_lab(LabConfig(engine, engines=8, scenario=Scenario(slowdowns=(15.0,))), "picker", arrivals)
+    short_long = EVAL_WORKLOADS["short-long"]  # the lab's engines and workload
+    arrivals = poisson_schedule(short_long.make(0).make(), 20.0, 1500, 0)
+    run = run_lab(LabConfig(short_long.engine, engines=8, scenario=Scenario(slowdowns=(15.0,))), "picker", arrivals)
     to_slow = [r.start_s for r in run.result.records if r.backend == "sim-0"]
     assert len(run.result.records) == 1500
     assert len(to_slow) < 0.03 * 1500, len(to_slow)  # an even share would be 187

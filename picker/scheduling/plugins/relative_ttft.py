@@ -113,10 +113,14 @@ class RelativeTtftScorer:
         s = self._samples.get(key)
         if s is None or not s.ratios:
             return None
-        silent = self._ctx.clock() - s.last_at - self.params.memory_seconds
+        silent = self._silent_s(s)
         if silent <= 0.0:
             return s.median
         return 1.0 + (s.median - 1.0) * math.pow(0.5, silent / (0.5 * self.params.memory_seconds))
+
+    def _silent_s(self, samples: _Samples) -> float:
+        """Seconds since the endpoint's newest sample beyond ``memorySeconds`` (≤ 0: heard from lately)."""
+        return self._ctx.clock() - samples.last_at - self.params.memory_seconds
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
         compared = self._compared(endpoints)
@@ -198,11 +202,10 @@ class RelativeTtftScorer:
         if ref is None:
             return  # the first response of a class only sets the pool's reference
         samples = self._samples.setdefault(info.endpoint_key, _Samples())
-        now = self._ctx.clock()
-        if now - samples.last_at > self.params.memory_seconds:
+        if self._silent_s(samples) > 0.0:
             samples.ratios.clear()  # after a silence the old samples say little of the server now
         samples.ratios.append(latency / ref)
-        samples.last_at = now
+        samples.last_at = self._ctx.clock()
         ordered = sorted(samples.ratios)
         samples.median = ordered[len(ordered) // 2]
 
