@@ -588,6 +588,8 @@ class _Lab:
             return
         live.router.inflight.prefilled(live.lease, live.req.prompt_tokens)
         live.router.inflight.observe(live.lease.endpoint_key, ttft_s=now - live.arrival_s)
+        info = ResponseInfo(endpoint_key=live.lease.endpoint_key, ttft_s=now - live.arrival_s)
+        live.router.policy.first_token(live.req, info)
 
     def finish(self, live: _Live, state: RequestState, now: float) -> None:
         del self.live[state.request_id]

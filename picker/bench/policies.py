@@ -123,6 +123,10 @@ class Policy(Protocol):
         """The router took its in-flight lease on ``pick.endpoint`` (the director's PreRequest point)."""
         ...
 
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        """A streamed response's first token arrived (the director's FirstToken point)."""
+        ...
+
     def completed(self, req: InferenceRequest, info: ResponseInfo) -> None:
         """The response finished and its lease was released (the director's PostResponse point)."""
         ...
@@ -144,6 +148,9 @@ class _Baseline:
         return self.ctx.inflight.requests(endpoint.key)
 
     def routed(self, req: InferenceRequest, pick: Pick) -> None:
+        return None
+
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
         return None
 
     def completed(self, req: InferenceRequest, info: ResponseInfo) -> None:
@@ -352,6 +359,9 @@ class SchedulerPolicy:
     def request_headers(self, req: InferenceRequest, pick: Pick) -> Mapping[str, str]:
         """Headers the decision sets on the upstream request (e.g. a P/D decision's ``x-prefiller-host-port``)."""
         return self.scheduler.request_headers(req, pick.result) if pick.result is not None else {}
+
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        self.scheduler.first_token(req, info)
 
     def completed(self, req: InferenceRequest, info: ResponseInfo) -> None:
         self.scheduler.post_response(req, info)

@@ -89,6 +89,8 @@ class SchedulerLike(Protocol):
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> Sequence[PluginTiming]: ...
 
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> Sequence[PluginTiming]: ...
+
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> Sequence[PluginTiming]: ...
 
     def response_headers(self, endpoint: Endpoint) -> Mapping[str, str]: ...
@@ -334,6 +336,10 @@ class Director:
             self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
             if token:
                 self.inflight.observe(routed.lease.endpoint_key, ttft_s=now - routed.routed_at)
+        if token and (routed.lease is not None or routed.targets):
+            key = routed.lease.endpoint_key if routed.lease else routed.targets[0].key
+            info = ResponseInfo(endpoint_key=key, ttft_s=now - routed.routed_at)
+            accounting.plugin_timings(self.scheduler.first_token(routed.req, info))
 
     def complete(
         self,

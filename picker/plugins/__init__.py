@@ -52,6 +52,7 @@ from picker.plugins.api import (
 from picker.plugins.params import NoParams, PluginParams
 from picker.plugins.results import (
     EndpointsChanged,
+    FirstToken,
     PluginTiming,
     PostResponse,
     PreRequest,
@@ -76,6 +77,7 @@ __all__ = [
     "EndpointMetrics",
     "EndpointsChanged",
     "Filter",
+    "FirstToken",
     "InferenceRequest",
     "LoadView",
     "NoParams",

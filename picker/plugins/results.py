@@ -19,6 +19,7 @@ from picker.request.model import InferenceRequest
 
 __all__ = [
     "EndpointsChanged",
+    "FirstToken",
     "PluginTiming",
     "PostResponse",
     "PreRequest",
@@ -125,6 +126,15 @@ class EndpointsChanged(Protocol):
     """Optional hook: the pool's membership changed; forget state of endpoints not in ``keys``."""
 
     def endpoints_changed(self, keys: frozenset[str]) -> None: ...
+
+
+@runtime_checkable
+class FirstToken(Protocol):
+    """Optional hook: the first output token of a streamed response arrived (``info`` carries the endpoint and
+    ``ttft_s``; usage is not known yet). Called once per request, before PostResponse; a response that is not
+    streamed has no first token and goes to PostResponse only."""
+
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None: ...
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ from picker.plugins.api import (
 )
 from picker.plugins.results import (
     EndpointsChanged,
+    FirstToken,
     PluginTiming,
     PostResponse,
     PreRequest,
@@ -46,6 +47,7 @@ __all__ = [
     "CycleState",
     "EndpointsChanged",
     "Filter",
+    "FirstToken",
     "Picker",
     "Plugin",
     "PluginContext",

@@ -25,6 +25,7 @@ from picker.scheduling.config import SchedulerConfig
 from picker.scheduling.framework import (
     CycleState,
     EndpointsChanged,
+    FirstToken,
     PluginContext,
     PluginTiming,
     PostResponse,
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 NO_CANDIDATES = "failed to find endpoint candidates for serving the request"
 PROFILE_PICKER, PROCESS_RESULTS = "ProfilePicker", "ProcessProfilesResults"
 PRE_REQUEST, RESPONSE_COMPLETE = "PreRequest", "ResponseComplete"
+# The reference calls ResponseStreaming on every chunk; picker calls FirstToken once, on the first output token.
+FIRST_TOKEN = "FirstToken"
 RESPONSE_HEADERS = "ResponseHeaders"
 REQUEST_HEADERS = "PreRequest"  # the reference sets request headers in PreRequest plugins: timed as such
 # Request headers a plugin may not set: picker's routing decision and the gateway's own (a plugin that set the
@@ -101,6 +104,7 @@ class Scheduler:
         if self._handler not in plugins:
             plugins.append(self._handler)
         self._pre_request = _hooks(plugins, PreRequest, "pre_request", PRE_REQUEST)
+        self._first_token = _hooks(plugins, FirstToken, "first_token", FIRST_TOKEN)
         self._post_response = _hooks(plugins, PostResponse, "post_response", RESPONSE_COMPLETE)
         self._endpoint_watchers = _hooks(plugins, EndpointsChanged, "endpoints_changed", ENDPOINTS_CHANGED)
         self._response_headers = _hooks(plugins, ResponseHeaders, "response_headers", RESPONSE_HEADERS)
@@ -198,6 +202,10 @@ class Scheduler:
                     if isinstance(v, str) and key and not key.startswith(":") and key not in _PICKER_OWNED:
                         out[key] = v
         return out
+
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
+        """Tell FirstToken plugins a streamed response's first token arrived. A failing plugin is logged."""
+        return _fan_out(self._first_token, FIRST_TOKEN, req, info) if self._first_token else ()
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
         """Tell PostResponse plugins the response completed. A failing plugin is logged, not fatal."""

@@ -39,11 +39,16 @@ class Recording(Scheduler):
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         self.pre: list[SchedulingResult] = []
+        self.first: list[ResponseInfo] = []
         self.post: list[ResponseInfo] = []
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> tuple[PluginTiming, ...]:
         self.pre.append(result)
         return super().pre_request(req, result)
+
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
+        self.first.append(info)
+        return super().first_token(req, info)
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> tuple[PluginTiming, ...]:
         self.post.append(info)
@@ -239,7 +244,22 @@ async def test_non_streamed_responses_observe_no_ttft_or_tpot() -> None:
     director.complete(routed, status=200, completion_tokens=40)
     load = inflight.load(P2)
     assert (load.ttft_s, load.tpot_s) == (None, None)
+    assert scheduler.first == []  # no first token: the whole body is the response
     assert scheduler.post[-1].ttft_s is None
+
+
+async def test_the_first_token_reaches_first_token_plugins_once_before_the_end() -> None:
+    director, scheduler, _, clock = make()
+    routed = await director.route(parsed())
+    clock.advance(0.3)
+    director.first_byte(routed, token=True)
+    clock.advance(0.2)
+    director.first_byte(routed, token=True)  # later chunks are not first
+    assert [(i.endpoint_key, i.ttft_s) for i in scheduler.first] == [(P2, pytest.approx(0.3))]
+    assert scheduler.post == []
+    director.complete(routed, status=200, completion_tokens=3)
+    assert len(scheduler.first) == 1
+    assert scheduler.post[-1].ttft_s == pytest.approx(0.3)
 
 
 async def test_tpot_from_stream_events_when_the_usage_has_no_tokens() -> None:

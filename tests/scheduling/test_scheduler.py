@@ -258,6 +258,11 @@ class Recorder:
         if self.fail:
             raise RuntimeError("boom")
 
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        self.seen.append(("first", info.ttft_s))
+        if self.fail:
+            raise RuntimeError("boom")
+
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
         self.seen.append(("post", info.endpoint_key))
         if self.fail:
@@ -312,11 +317,13 @@ def test_hooks_fan_out_and_failures_are_contained(caplog: pytest.LogCaptureFixtu
     result = scheduler.schedule(req, [endpoint(1)])
     with caplog.at_level(logging.ERROR):
         pre = scheduler.pre_request(req, result)
+        first = scheduler.first_token(req, ResponseInfo(endpoint_key="192.168.1.1:8000", ttft_s=0.2))
         post = scheduler.post_response(req, ResponseInfo(endpoint_key="192.168.1.1:8000", status=200))
-    assert good.seen == [("pre", result.targets), ("post", "192.168.1.1:8000")]
-    assert len(bad.seen) == 2
-    assert [t.extension_point for t in (*pre, *post)] == ["PreRequest"] * 2 + ["ResponseComplete"] * 2
-    assert sum("boom" in (r.exc_text or "") or "failed" in r.getMessage() for r in caplog.records) == 2
+    assert good.seen == [("pre", result.targets), ("first", 0.2), ("post", "192.168.1.1:8000")]
+    assert len(bad.seen) == 3
+    points = [t.extension_point for t in (*pre, *first, *post)]
+    assert points == ["PreRequest"] * 2 + ["FirstToken"] * 2 + ["ResponseComplete"] * 2
+    assert sum("boom" in (r.exc_text or "") or "failed" in r.getMessage() for r in caplog.records) == 3
 
 
 def test_empty_candidates_are_service_unavailable() -> None:

@@ -11,9 +11,19 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   typical TTFT of each class is a slow moving average ``ref[class]`` over all endpoints;
 * a response that was not streamed has no TTFT (its body arrives whole at the end): its whole duration is the
   sample instead, compared within classes of prefill size x output length (< 16, < 128, < 512, more tokens);
-* each response adds the sample ``t / ref[class]`` to its endpoint's last 16; the endpoint's slowness is their
-  median (1: as fast as the pool for the same work; queueing counts, an overloaded server is slow too). The
-  median, not a mean, so one response stuck behind a long prompt does not mark a server slow;
+* each response adds the sample ``t / ref[class]`` to its endpoint's last 16, of which those of the last
+  ``memorySeconds`` count; the endpoint's slowness is their median (1: as fast as the pool for the same work;
+  queueing counts, an overloaded server is slow too). The median, not a mean, so one response stuck behind a
+  long prompt does not mark a server slow; the age limit, so a server that was shunned while slow and now gets a
+  request every few seconds is believed once it has recovered, not after eight more answers;
+* a late first token (``t`` over twice ``ref[class]``) is the sample as soon as it arrives (the FirstToken hook,
+  with picker's estimate of the prefill; the usage at the end takes it again if it shows another class); any
+  other response is sampled when it completes. A server 100x slower than the rest answers its first token late
+  and its last one minutes later: sampled at the end, it was seen that much later and kept taking about half its
+  share (docs/scheduling.md, "Tried in a seventh session of 2026-12-05"). Taking every TTFT at the first token
+  made the signal jumpier than the lab's loads like;
+* a late sample moves ``ref`` as one of exactly twice ``ref`` would, so a far slower server does not become the
+  norm of its class (a 100x server read about 3x after a dozen of its own answers);
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
 * an endpoint with no sample in the last ``memorySeconds`` is tried again, not shunned for ever, but gradually:
   its slowness fades toward 1 from then on, halving its distance to 1 every ``memorySeconds / 2``, and the next
@@ -28,8 +38,8 @@ endpoint within ``(1 + tolerance) * ref`` or without samples, else ``(1 + tolera
 ordinary jitter changes nothing, a server twice as slow as the pool scores about 0.6.
 
 Parameters: ``tolerance`` 0.25 (≥ 0), ``memorySeconds`` 30 (> 0). Inputs: the PreRequest hook (picker's
-uncached-token estimate from a prefix plugin earlier in the cycle), the PostResponse hook (TTFT or duration,
-usage), the clock.
+uncached-token estimate from a prefix plugin earlier in the cycle), the FirstToken hook (TTFT), the PostResponse
+hook (TTFT or duration, usage), the clock.
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ _SIZE_CLASSES = len(_CLASS_BOUNDS) + 1
 _OUTPUT_CLASSES = len(_OUTPUT_BOUNDS) + 1
 _MAX_PENDING = 65_536  # picks whose response never came back are forgotten past this many
 _NO_SAMPLE = -1.0  # marks a pick whose response must not count (LoRA adapter load)
+# A first token later than this many times the pool's TTFT for its class is a sample at once, not at the end of
+# the response: a server slow enough to matter is seen within one TTFT, not after its slow answers end.
+_LATE = 2.0
 
 
 class Params(PluginParams):
@@ -90,6 +103,7 @@ def _bucket(value: float, bounds: tuple[int, ...]) -> int:
 @dataclass(slots=True)
 class _Samples:
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))  # TTFT / the pool's TTFT
+    times: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))  # when each ratio was taken
     last_at: float = 0.0
     median: float = 1.0  # of ``ratios``, kept at each sample: read by up to three plugins per scheduling cycle
 
@@ -106,16 +120,24 @@ class RelativeTtftScorer:
         self._reference: list[float | None] = [None] * (_SIZE_CLASSES * (1 + _OUTPUT_CLASSES))
         self._samples: dict[str, _Samples] = {}
         self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
+        # request id -> (endpoint, size class, ratio) of a sample taken at the first token, checked against usage
+        self._first_samples: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
 
     def slowness(self, key: str) -> float | None:
-        """Endpoint ``key``'s median TTFT relative to the pool's, fading toward 1 once its newest sample is older
-        than ``memorySeconds``; None without a sample."""
+        """Endpoint ``key``'s median TTFT relative to the pool's over its samples of the last ``memorySeconds``,
+        fading toward 1 once even its newest sample is older; None without a sample."""
         s = self._samples.get(key)
         if s is None or not s.ratios:
             return None
         silent = self._silent_s(s)
         if silent <= 0.0:
-            return s.median
+            horizon = self._ctx.clock() - self.params.memory_seconds
+            if s.times[0] < horizon:  # samples older than memorySeconds leave the window while newer ones remain
+                while s.times and s.times[0] < horizon:
+                    s.times.popleft()
+                    s.ratios.popleft()
+                _keep_median(s)
+            return s.median if s.ratios else None
         return 1.0 + (s.median - 1.0) * math.pow(0.5, silent / (0.5 * self.params.memory_seconds))
 
     def _silent_s(self, samples: _Samples) -> float:
@@ -178,7 +200,30 @@ class RelativeTtftScorer:
         if len(pending) > _MAX_PENDING:
             pending.popitem(last=False)
 
+    def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        """A late first token counts at once; any other TTFT waits for its response to complete."""
+        if info.ttft_s is None or info.ttft_s <= 0.0:
+            return
+        expected = self._expected_prefill.get(req.request_id)
+        if expected is None or expected == _NO_SAMPLE:
+            return
+        cls = size_class(expected)
+        ref = self._reference[cls]
+        if ref is None or info.ttft_s <= _LATE * ref:
+            return
+        del self._expected_prefill[req.request_id]
+        ratio = self._sample(info.endpoint_key, info.ttft_s, cls)
+        if ratio is not None:
+            taken = self._first_samples
+            taken[req.request_id] = (info.endpoint_key, cls, ratio)
+            if len(taken) > _MAX_PENDING:
+                taken.popitem(last=False)
+
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        taken = self._first_samples.pop(req.request_id, None)
+        if taken is not None:
+            self._correct(taken, info)
+            return
         expected = self._expected_prefill.pop(req.request_id, None)
         if expected == _NO_SAMPLE:
             return
@@ -197,21 +242,53 @@ class RelativeTtftScorer:
             latency, cls = info.duration_s, _SIZE_CLASSES + size_class(prefilled) * _OUTPUT_CLASSES + output
         else:
             return
+        self._sample(info.endpoint_key, latency, cls)
+
+    def _correct(self, taken: tuple[str, int, float], info: ResponseInfo) -> None:
+        """The usage of a response sampled at its first token: when the server prefilled a different size class
+        than picker expected (a prefix it had evicted, one picker did not know of), the sample is taken again
+        against that class's reference."""
+        key, cls, ratio = taken
+        if info.prompt_tokens is None or info.cached_tokens is None or info.ttft_s is None:
+            return
+        actual = size_class(info.prompt_tokens - info.cached_tokens)
+        samples = self._samples.get(key)
+        if actual == cls or samples is None or ratio not in samples.ratios:
+            return
+        i = samples.ratios.index(ratio)
+        del samples.ratios[i]
+        del samples.times[i]
+        if self._sample(key, info.ttft_s, actual) is None:
+            _keep_median(samples)
+
+    def _sample(self, key: str, latency: float, cls: int) -> float | None:
+        """Count a TTFT (or duration) of class ``cls`` for ``key``; the ratio it added, None when it only set the
+        class's first reference."""
         ref = self._reference[cls]
-        self._reference[cls] = latency if ref is None else ref + _POOL_ALPHA * (latency - ref)
+        # A late sample moves the pool's reference as one at _LATE x would: a server far slower than the rest
+        # must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
+        self._reference[cls] = latency if ref is None else ref + _POOL_ALPHA * (min(latency, _LATE * ref) - ref)
         if ref is None:
-            return  # the first response of a class only sets the pool's reference
-        samples = self._samples.setdefault(info.endpoint_key, _Samples())
+            return None  # the first response of a class only sets the pool's reference
+        samples = self._samples.setdefault(key, _Samples())
         if self._silent_s(samples) > 0.0:
             samples.ratios.clear()  # after a silence the old samples say little of the server now
-        samples.ratios.append(latency / ref)
+            samples.times.clear()
+        ratio = latency / ref
+        samples.ratios.append(ratio)
         samples.last_at = self._ctx.clock()
-        ordered = sorted(samples.ratios)
-        samples.median = ordered[len(ordered) // 2]
+        samples.times.append(samples.last_at)
+        _keep_median(samples)
+        return ratio
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         for key in [k for k in self._samples if k not in keys]:
             del self._samples[key]
+
+
+def _keep_median(samples: _Samples) -> None:
+    ordered = sorted(samples.ratios)
+    samples.median = ordered[len(ordered) // 2] if ordered else 1.0
 
 
 def create(name: str, params: Params, ctx: PluginContext) -> Scorer:

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from picker.endpoints.model import Endpoint
-from picker.plugins import CycleState, ResponseInfo, SchedulingResult
+from picker.plugins import CycleState, InferenceRequest, ResponseInfo, SchedulingResult
 from picker.scheduling.plugins.relative_ttft import Params, RelativeTtftScorer, size_class
 from tests.conftest import FakeClock, endpoint, request
 from tests.scheduling.helpers import by_key, ctx
@@ -31,16 +31,39 @@ def respond(
     lora: str = "",
     streamed: bool = True,
     output: int = 64,
+    cached: int = 0,
 ) -> None:
+    """One request through the hooks in the director's order: the pick, the first token (streamed), the end."""
+    req = pick(scorer, target, prompt=prompt, lora=lora)
+    if streamed:
+        scorer.first_token(req, ResponseInfo(target.key, ttft_s=ttft_s))
+    complete(scorer, req, target, ttft_s, prompt=prompt, streamed=streamed, output=output, cached=cached)
+
+
+def pick(scorer: RelativeTtftScorer, target: Endpoint, *, prompt: int = 300, lora: str = "") -> InferenceRequest:
     req = request(model=lora or "my-model", request_id=f"r{next(_ids)}", prompt_tokens=prompt)
     result = SchedulingResult(targets=(target,), primary_profile="default", runs=(), profile_results={})
     scorer.pre_request(req, result)
+    return req
+
+
+def complete(
+    scorer: RelativeTtftScorer,
+    req: InferenceRequest,
+    target: Endpoint,
+    ttft_s: float,
+    *,
+    prompt: int = 300,
+    streamed: bool = True,
+    output: int = 64,
+    cached: int = 0,
+) -> None:
     info = ResponseInfo(
         target.key,
         status=200,
         prompt_tokens=prompt,
         completion_tokens=output,
-        cached_tokens=0,
+        cached_tokens=cached,
         ttft_s=ttft_s if streamed else None,  # a non-streamed body arrives whole: no TTFT
         duration_s=ttft_s + 0.01 * output,
     )
@@ -206,3 +229,67 @@ def test_non_streamed_responses_compare_their_durations_for_the_same_output_leng
         respond(scorer, eps[2], 0.1, streamed=False, output=8)
         respond(scorer, eps[2], 0.1, streamed=False, output=1000)
     assert set(scores(scorer, eps).values()) == {1.0}
+
+
+def test_a_late_first_token_counts_at_once_and_an_ordinary_one_when_its_response_ends() -> None:
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    for _ in range(6):
+        for e in eps:
+            respond(scorer, e, 0.10)
+    slow = eps[2]
+    # 1.5x the pool's TTFT: nothing until the response ends (its sample then is the same TTFT).
+    ordinary = [pick(scorer, slow) for _ in range(10)]
+    for req in ordinary:
+        scorer.first_token(req, ResponseInfo(slow.key, ttft_s=0.15))
+    assert scorer.slowness(slow.key) == pytest.approx(1.0, abs=0.05)
+    for req in ordinary:
+        complete(scorer, req, slow, 0.15)
+    assert 1.25 < scorer.slowness(slow.key) <= 1.5  # (the pool's reference moves up a little with them)
+    # 30x: each first token is a sample when it arrives, hours before a slow answer of 512 tokens would end;
+    # the end of those responses adds nothing more.
+    late = [pick(scorer, slow) for _ in range(12)]
+    for req in late:
+        scorer.first_token(req, ResponseInfo(slow.key, ttft_s=3.0))
+    assert scorer.slowness(slow.key) > 15.0
+    assert scores(scorer, eps)[slow.key] < 0.1
+    window = list(scorer._samples[slow.key].ratios)
+    for req in late:
+        complete(scorer, req, slow, 3.0)
+    assert list(scorer._samples[slow.key].ratios) == window
+
+
+def test_a_late_first_token_is_sampled_again_when_the_usage_shows_another_size_class() -> None:
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    for _ in range(6):
+        for e in eps:
+            respond(scorer, e, 0.05, prompt=100)  # class 0
+            respond(scorer, e, 0.40, prompt=3000)  # class 3
+    target = eps[0]
+    # picker expected a cached prefix (100 tokens to prefill); the server had evicted it and prefilled 3,000.
+    req = pick(scorer, target, prompt=100)
+    before = len(scorer._samples[target.key].ratios)
+    scorer.first_token(req, ResponseInfo(target.key, ttft_s=0.40))
+    assert scorer.slowness(target.key) == pytest.approx(1.0)  # one ratio of 8 among six of 1: not yet the median
+    assert max(scorer._samples[target.key].ratios) == pytest.approx(8.0)
+    complete(scorer, req, target, 0.40, prompt=3000)
+    assert max(scorer._samples[target.key].ratios) == pytest.approx(1.0)  # as fast as the pool for 3,000 tokens
+    assert len(scorer._samples[target.key].ratios) == before + 1  # replaced, not added twice
+
+
+def test_samples_older_than_the_memory_leave_the_window_of_a_server_still_heard_from() -> None:
+    scorer, clock = make(memorySeconds=30)
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    for _ in range(16):
+        for e, ttft in zip(eps, (0.10, 0.10, 0.40), strict=True):
+            respond(scorer, e, ttft)
+    assert scores(scorer, eps)[eps[2].key] < 0.5
+    # Shunned, it gets a request every 5 s; it has recovered. Its sixteen slow samples age out over 30 s, and
+    # the six fast answers of those 30 s are its slowness then (with the last 16 alone, ten would still be slow).
+    for _ in range(7):
+        clock.advance(5.0)
+        respond(scorer, eps[2], 0.10)
+        respond(scorer, eps[0], 0.10)
+    assert scorer.slowness(eps[2].key) <= 1.0  # (the pool's reference rose a little with its slow answers)
+    assert scores(scorer, eps)[eps[2].key] == 1.0
