@@ -248,8 +248,8 @@ async def test_non_streamed_responses_observe_no_ttft_or_tpot() -> None:
     assert scheduler.post[-1].ttft_s is None
 
 
-async def test_the_first_token_reaches_first_token_plugins_once_before_the_end() -> None:
-    director, scheduler, _, clock = make()
+async def test_the_first_token_goes_to_first_token_plugins_once_and_stream_events_give_the_tpot() -> None:
+    director, scheduler, inflight, clock = make()
     routed = await director.route(parsed())
     clock.advance(0.3)
     director.first_byte(routed, token=True)
@@ -257,18 +257,10 @@ async def test_the_first_token_reaches_first_token_plugins_once_before_the_end()
     director.first_byte(routed, token=True)  # later chunks are not first
     assert [(i.endpoint_key, i.ttft_s) for i in scheduler.first] == [(P2, pytest.approx(0.3))]
     assert scheduler.post == []
-    director.complete(routed, status=200, completion_tokens=3)
+    clock.advance(0.7)
+    director.complete(routed, status=200, stream_events=10)  # the usage has no token counts
     assert len(scheduler.first) == 1
     assert scheduler.post[-1].ttft_s == pytest.approx(0.3)
-
-
-async def test_tpot_from_stream_events_when_the_usage_has_no_tokens() -> None:
-    director, _, inflight, clock = make()
-    routed = await director.route(parsed())
-    clock.advance(0.3)
-    director.first_byte(routed, token=True)
-    clock.advance(0.9)
-    director.complete(routed, status=200, stream_events=10)
     load = inflight.load(P2)
     assert load.ttft_s == pytest.approx(0.3)
     assert load.tpot_s == pytest.approx(0.1)

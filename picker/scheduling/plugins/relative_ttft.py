@@ -79,8 +79,11 @@ _OUTPUT_CLASSES = len(_OUTPUT_BOUNDS) + 1
 _MAX_PENDING = 65_536  # picks whose response never came back are forgotten past this many
 _NO_SAMPLE = -1.0  # marks a pick whose response must not count (LoRA adapter load)
 # A first token later than this many times the pool's TTFT for its class is a sample at once, not at the end of
-# the response: a server slow enough to matter is seen within one TTFT, not after its slow answers end.
-_LATE = 2.0
+# the response: a server that slow is seen within one TTFT, not after its slow answers end. Not lower: queueing
+# makes first tokens 2-4x late, and taking those early made the lab's points with other clients' traffic worse.
+_LATE_FIRST_TOKEN = 8.0
+# A sample moves the pool's reference as one of at most this many times the reference would.
+_REFERENCE_STEP = 2.0
 
 
 class Params(PluginParams):
@@ -209,7 +212,7 @@ class RelativeTtftScorer:
             return
         cls = size_class(expected)
         ref = self._reference[cls]
-        if ref is None or info.ttft_s <= _LATE * ref:
+        if ref is None or info.ttft_s <= _LATE_FIRST_TOKEN * ref:
             return
         del self._expected_prefill[req.request_id]
         ratio = self._sample(info.endpoint_key, info.ttft_s, cls)
@@ -265,11 +268,12 @@ class RelativeTtftScorer:
         """Count a TTFT (or duration) of class ``cls`` for ``key``; the ratio it added, None when it only set the
         class's first reference."""
         ref = self._reference[cls]
-        # A late sample moves the pool's reference as one at _LATE x would: a server far slower than the rest
-        # must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
-        self._reference[cls] = latency if ref is None else ref + _POOL_ALPHA * (min(latency, _LATE * ref) - ref)
+        # A late sample moves the pool's reference as one at _REFERENCE_STEP x would: a server far slower than the
+        # rest must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
         if ref is None:
+            self._reference[cls] = latency
             return None  # the first response of a class only sets the pool's reference
+        self._reference[cls] = ref + _POOL_ALPHA * (min(latency, _REFERENCE_STEP * ref) - ref)
         samples = self._samples.setdefault(key, _Samples())
         if self._silent_s(samples) > 0.0:
             samples.ratios.clear()  # after a silence the old samples say little of the server now

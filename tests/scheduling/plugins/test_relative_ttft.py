@@ -40,6 +40,13 @@ def respond(
     complete(scorer, req, target, ttft_s, prompt=prompt, streamed=streamed, output=output, cached=cached)
 
 
+def answer_rounds(scorer: RelativeTtftScorer, eps: list[Endpoint], ttfts: tuple[float, ...], rounds: int) -> None:
+    """``rounds`` times, one response from each endpoint with its TTFT."""
+    for _ in range(rounds):
+        for e, ttft in zip(eps, ttfts, strict=True):
+            respond(scorer, e, ttft)
+
+
 def pick(scorer: RelativeTtftScorer, target: Endpoint, *, prompt: int = 300, lora: str = "") -> InferenceRequest:
     req = request(model=lora or "my-model", request_id=f"r{next(_ids)}", prompt_tokens=prompt)
     result = SchedulingResult(targets=(target,), primary_profile="default", runs=(), profile_results={})
@@ -81,9 +88,7 @@ def test_size_classes() -> None:
 def test_a_slow_server_scores_in_proportion_and_fast_ones_all_score_one() -> None:
     scorer, _ = make()
     eps = [endpoint(i) for i in (1, 2, 3, 4)]
-    for _ in range(10):
-        for e, ttft in zip(eps, (0.10, 0.11, 0.105, 0.30), strict=True):
-            respond(scorer, e, ttft)
+    answer_rounds(scorer, eps, (0.10, 0.11, 0.105, 0.30), 10)
     s = scores(scorer, eps)
     assert s["192.168.1.1:8000"] == s["192.168.1.2:8000"] == s["192.168.1.3:8000"] == 1.0
     assert 0.35 < s["192.168.1.4:8000"] < 0.55  # ~3x slower than the pool's median, 1.25x tolerated
@@ -93,9 +98,7 @@ def test_slowness_factors_are_the_inverse_of_the_scores() -> None:
     scorer, _ = make()
     eps = [endpoint(i) for i in (1, 2, 3, 4)]
     assert scorer.slowness_factors(eps) == [1.0] * 4  # no samples yet
-    for _ in range(10):
-        for e, ttft in zip(eps, (0.10, 0.11, 0.105, 0.30), strict=True):
-            respond(scorer, e, ttft)
+    answer_rounds(scorer, eps, (0.10, 0.11, 0.105, 0.30), 10)
     s = scores(scorer, eps)
     factors = dict(zip((e.key for e in eps), scorer.slowness_factors(eps), strict=True))
     assert factors["192.168.1.1:8000"] == factors["192.168.1.2:8000"] == factors["192.168.1.3:8000"] == 1.0
@@ -131,9 +134,7 @@ def test_in_a_larger_pool_a_server_is_slow_only_when_most_are_faster() -> None:
     # Four servers, two of them 1.5x slower: half the pool is not "most", so nobody is marked slow ...
     scorer, _ = make()
     eps = [endpoint(i) for i in (1, 2, 3, 4)]
-    for _ in range(10):
-        for e, ttft in zip(eps, (0.10, 0.10, 0.15, 0.15), strict=True):
-            respond(scorer, e, ttft)
+    answer_rounds(scorer, eps, (0.10, 0.10, 0.15, 0.15), 10)
     assert set(scores(scorer, eps).values()) == {1.0}
     # ... while one 1.5x slower server of three is.
     assert scores(scorer, eps[1:])[eps[3].key] == 1.0
@@ -143,9 +144,7 @@ def test_in_a_larger_pool_a_server_is_slow_only_when_most_are_faster() -> None:
 def test_jitter_within_the_tolerance_changes_nothing() -> None:
     scorer, _ = make(tolerance=0.25)
     eps = [endpoint(i) for i in (1, 2, 3)]
-    for _ in range(10):
-        for e, ttft in zip(eps, (0.10, 0.115, 0.12), strict=True):
-            respond(scorer, e, ttft)
+    answer_rounds(scorer, eps, (0.10, 0.115, 0.12), 10)
     assert set(scores(scorer, eps).values()) == {1.0}
 
 
@@ -238,7 +237,7 @@ def test_a_late_first_token_counts_at_once_and_an_ordinary_one_when_its_response
         for e in eps:
             respond(scorer, e, 0.10)
     slow = eps[2]
-    # 1.5x the pool's TTFT: nothing until the response ends (its sample then is the same TTFT).
+    # 1.5x the pool's TTFT (as queueing makes it): nothing until the response ends, whose sample is that TTFT.
     ordinary = [pick(scorer, slow) for _ in range(10)]
     for req in ordinary:
         scorer.first_token(req, ResponseInfo(slow.key, ttft_s=0.15))
@@ -264,15 +263,15 @@ def test_a_late_first_token_is_sampled_again_when_the_usage_shows_another_size_c
     eps = [endpoint(i) for i in (1, 2, 3)]
     for _ in range(6):
         for e in eps:
-            respond(scorer, e, 0.05, prompt=100)  # class 0
+            respond(scorer, e, 0.04, prompt=100)  # class 0
             respond(scorer, e, 0.40, prompt=3000)  # class 3
     target = eps[0]
     # picker expected a cached prefix (100 tokens to prefill); the server had evicted it and prefilled 3,000.
     req = pick(scorer, target, prompt=100)
     before = len(scorer._samples[target.key].ratios)
     scorer.first_token(req, ResponseInfo(target.key, ttft_s=0.40))
-    assert scorer.slowness(target.key) == pytest.approx(1.0)  # one ratio of 8 among six of 1: not yet the median
-    assert max(scorer._samples[target.key].ratios) == pytest.approx(8.0)
+    assert scorer.slowness(target.key) == pytest.approx(1.0)  # one ratio of 10 among ten of 1: not the median
+    assert max(scorer._samples[target.key].ratios) == pytest.approx(10.0)
     complete(scorer, req, target, 0.40, prompt=3000)
     assert max(scorer._samples[target.key].ratios) == pytest.approx(1.0)  # as fast as the pool for 3,000 tokens
     assert len(scorer._samples[target.key].ratios) == before + 1  # replaced, not added twice
@@ -281,9 +280,7 @@ def test_a_late_first_token_is_sampled_again_when_the_usage_shows_another_size_c
 def test_samples_older_than_the_memory_leave_the_window_of_a_server_still_heard_from() -> None:
     scorer, clock = make(memorySeconds=30)
     eps = [endpoint(i) for i in (1, 2, 3)]
-    for _ in range(16):
-        for e, ttft in zip(eps, (0.10, 0.10, 0.40), strict=True):
-            respond(scorer, e, ttft)
+    answer_rounds(scorer, eps, (0.10, 0.10, 0.40), 16)
     assert scores(scorer, eps)[eps[2].key] < 0.5
     # Shunned, it gets a request every 5 s; it has recovered. Its sixteen slow samples age out over 30 s, and
     # the six fast answers of those 30 s are its slowness then (with the last 16 alone, ten would still be slow).
