@@ -16,14 +16,14 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   queueing counts, an overloaded server is slow too). The median, not a mean, so one response stuck behind a
   long prompt does not mark a server slow; the age limit, so a server that was shunned while slow and now gets a
   request every few seconds is believed once it has recovered, not after eight more answers;
-* a late first token (``t`` over twice ``ref[class]``) is the sample as soon as it arrives (the FirstToken hook,
-  with picker's estimate of the prefill; the usage at the end takes it again if it shows another class); any
-  other response is sampled when it completes. A server 100x slower than the rest answers its first token late
-  and its last one minutes later: sampled at the end, it was seen that much later and kept taking about half its
-  share (docs/scheduling.md, "Tried in a seventh session of 2026-12-05"). Taking every TTFT at the first token
-  made the signal jumpier than the lab's loads like;
-* a late sample moves ``ref`` as one of exactly twice ``ref`` would, so a far slower server does not become the
-  norm of its class (a 100x server read about 3x after a dozen of its own answers);
+* a very late first token (``t`` over 8x ``ref[class]``) is the sample as soon as it arrives (the FirstToken
+  hook, with picker's estimate of the prefill; the usage at the end takes it again if it shows another class);
+  any other response is sampled when it completes. A server 100x slower than the rest answers its first token
+  seconds late and its last one a minute later: sampled at the end, it was seen that much later and kept taking
+  about half its share (docs/scheduling.md, "Tried in a seventh session of 2026-12-05"). Taking every TTFT at the
+  first token, or every one over 2x, made the lab's points worse (queueing alone makes first tokens 2-4x late);
+* a sample moves ``ref`` at most as one of twice ``ref`` would, so a far slower server does not become the norm
+  of its class (a 100x server read about 3x after a dozen of its own answers);
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
 * an endpoint with no sample in the last ``memorySeconds`` is tried again, not shunned for ever, but gradually:
   its slowness fades toward 1 from then on, halving its distance to 1 every ``memorySeconds / 2``, and the next
