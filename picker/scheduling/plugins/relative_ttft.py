@@ -268,11 +268,11 @@ class RelativeTtftScorer:
         """Count a TTFT (or duration) of class ``cls`` for ``key``; the ratio it added, None when it only set the
         class's first reference."""
         ref = self._reference[cls]
-        # A late sample moves the pool's reference as one at _REFERENCE_STEP x would: a server far slower than the
-        # rest must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
         if ref is None:
             self._reference[cls] = latency
             return None  # the first response of a class only sets the pool's reference
+        # A late sample moves the pool's reference as one at _REFERENCE_STEP x would: a server far slower than the
+        # rest must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
         self._reference[cls] = ref + _POOL_ALPHA * (min(latency, _REFERENCE_STEP * ref) - ref)
         samples = self._samples.setdefault(key, _Samples())
         if self._silent_s(samples) > 0.0:
