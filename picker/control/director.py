@@ -148,6 +148,13 @@ class Routed:
     headers: Mapping[str, str] = field(default_factory=dict)  # set on the upstream request by plugins
     prefill_lease: Lease | None = None  # on the prefiller named by x-prefiller-host-port
 
+    @property
+    def endpoint_key(self) -> str:
+        """The endpoint serving the request: the lease's, else the primary target's ("" with neither)."""
+        if self.lease is not None:
+            return self.lease.endpoint_key
+        return self.targets[0].key if self.targets else ""
+
 
 class Director:
     def __init__(
@@ -336,8 +343,7 @@ class Director:
             self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
             if token:
                 self.inflight.observe(routed.lease.endpoint_key, ttft_s=now - routed.routed_at)
-        if token and (routed.lease is not None or routed.targets):
-            key = routed.lease.endpoint_key if routed.lease else routed.targets[0].key
+        if token and (key := routed.endpoint_key):
             info = ResponseInfo(endpoint_key=key, ttft_s=now - routed.routed_at)
             accounting.plugin_timings(self.scheduler.first_token(routed.req, info))
 
@@ -363,7 +369,7 @@ class Director:
         first_token = routed.first_token_at
         ttft = first_token - routed.routed_at if first_token is not None else None
         duration = now - routed.received_at
-        key = served_key or (routed.lease.endpoint_key if routed.lease else routed.targets[0].key)
+        key = served_key or routed.endpoint_key
         output_tokens = completion_tokens or stream_events
         if first_token is not None and output_tokens and output_tokens > 1:
             self.inflight.observe(key, tpot_s=(now - first_token) / (output_tokens - 1))
@@ -393,14 +399,14 @@ class Director:
         if routed.finished:
             return
         self._finish(routed)
-        key = routed.lease.endpoint_key if routed.lease else routed.targets[0].key
-        self._post_response(routed, ResponseInfo(endpoint_key=key, duration_s=self.clock() - routed.received_at))
+        info = ResponseInfo(endpoint_key=routed.endpoint_key, duration_s=self.clock() - routed.received_at)
+        self._post_response(routed, info)
 
     def hold(self, routed: Routed) -> None:
         """No response phase will come: keep the lease for the request's expected duration (≤ the timeout)."""
         if routed.finished:
             return
-        key = routed.lease.endpoint_key if routed.lease else (routed.targets[0].key if routed.targets else "")
+        key = routed.endpoint_key
         hold_s = min(self.settings.inflight_timeout_s, expected_duration_s(routed.req, self.inflight.load(key).tpot_s))
         deadline = routed.routed_at + hold_s
         heapq.heappush(self._held, (deadline, next(self._seq), routed))
@@ -415,8 +421,7 @@ class Director:
                 continue
             self._finish(routed)
             released += 1
-            key = routed.lease.endpoint_key if routed.lease else routed.targets[0].key
-            self._post_response(routed, ResponseInfo(endpoint_key=key))
+            self._post_response(routed, ResponseInfo(endpoint_key=routed.endpoint_key))
         if released:
             accounting.expired(released)
         return released

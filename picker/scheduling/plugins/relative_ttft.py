@@ -132,9 +132,10 @@ class RelativeTtftScorer:
         s = self._samples.get(key)
         if s is None or not s.ratios:
             return None
-        silent = self._silent_s(s)
+        now = self._ctx.clock()
+        silent = self._silent_s(s, now)
         if silent <= 0.0:
-            horizon = self._ctx.clock() - self.params.memory_seconds
+            horizon = now - self.params.memory_seconds
             if s.times[0] < horizon:  # samples older than memorySeconds leave the window while newer ones remain
                 while s.times and s.times[0] < horizon:
                     s.times.popleft()
@@ -143,9 +144,9 @@ class RelativeTtftScorer:
             return s.median if s.ratios else None
         return 1.0 + (s.median - 1.0) * math.pow(0.5, silent / (0.5 * self.params.memory_seconds))
 
-    def _silent_s(self, samples: _Samples) -> float:
+    def _silent_s(self, samples: _Samples, now: float) -> float:
         """Seconds since the endpoint's newest sample beyond ``memorySeconds`` (≤ 0: heard from lately)."""
-        return self._ctx.clock() - samples.last_at - self.params.memory_seconds
+        return now - samples.last_at - self.params.memory_seconds
 
     def score(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> ScoreVector:
         compared = self._compared(endpoints)
@@ -256,9 +257,12 @@ class RelativeTtftScorer:
             return
         actual = size_class(info.prompt_tokens - info.cached_tokens)
         samples = self._samples.get(key)
-        if actual == cls or samples is None or ratio not in samples.ratios:
+        if actual == cls or samples is None:
             return
-        i = samples.ratios.index(ratio)
+        try:
+            i = samples.ratios.index(ratio)
+        except ValueError:  # gone already: the window moved on or was cleared
+            return
         del samples.ratios[i]
         del samples.times[i]
         if self._sample(key, info.ttft_s, actual) is None:
@@ -275,13 +279,14 @@ class RelativeTtftScorer:
         # rest must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
         self._reference[cls] = ref + _POOL_ALPHA * (min(latency, _REFERENCE_STEP * ref) - ref)
         samples = self._samples.setdefault(key, _Samples())
-        if self._silent_s(samples) > 0.0:
+        now = self._ctx.clock()
+        if self._silent_s(samples, now) > 0.0:
             samples.ratios.clear()  # after a silence the old samples say little of the server now
             samples.times.clear()
         ratio = latency / ref
         samples.ratios.append(ratio)
-        samples.last_at = self._ctx.clock()
-        samples.times.append(samples.last_at)
+        samples.last_at = now
+        samples.times.append(now)
         _keep_median(samples)
         return ratio
 
