@@ -67,7 +67,9 @@ DEFAULT_PROFILE = "default"
 #   server took in lately, strictly to the least once every server queues (sessions come back for their next
 #   turns: that content is work still to come); ``coldSpreadLoraFit``: a cold prompt for a LoRA adapter is spread
 #   only over the servers where the adapter runs or has a free slot, not onto one where it would wait for another
-#   adapter to drain and be unloaded;
+#   adapter to drain and be unloaded; ``coldSpreadDebtLimit``: a server that took little for a while (shunned as
+#   slow, new, restarted) is owed at most one prompt's worth of content below the median, so it is not sent
+#   every new session until it has caught up;
 # * token-load-scorer with ``loadSource: blended``: per server, the scraped waiting + running requests
 #   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
 #   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
@@ -82,7 +84,9 @@ DEFAULT_PROFILE = "default"
 #   differs: the rotation spaces picker's own prompts);
 # * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
 #   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
-#   a server not heard from in 30 s comes back gradually (its slowness fades toward 1), not all at once;
+#   a server not heard from in 30 s comes back gradually (its slowness fades toward 1), not all at once; a
+#   pick still waiting for its first token past 2x the pool's TTFT counts already, so a server that stops
+#   answering is seen while its first tokens are missing;
 # * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
 #   same, so it changes nothing).
 # The previous default (ledger only, no cap, no TTFT) is ``picker.bench.policies.PREVIOUS_CONFIG_TEXT``.
@@ -100,6 +104,7 @@ plugins:
     coldSpreadSpeedFrom: relative-ttft-scorer
     coldSpreadPlacedWhenFull: true
     coldSpreadLoraFit: true
+    coldSpreadDebtLimit: 1
 - type: token-load-scorer
   parameters:
     queueThresholdTokens: 32768

@@ -154,6 +154,7 @@ def test_builtin_default_is_the_lab_choice() -> None:
         "tokens", 1.0, 3.0, 8
     )  # fmt: skip
     assert (params.cold_spread_speed_from, params.cold_spread_speed_max_tokens) == ("relative-ttft-scorer", 32)
+    assert (params.cold_spread_placed_when_full, params.cold_spread_debt_limit) == (True, 1.0)
     load_scorer = config.plugins["token-load-scorer"]
     assert isinstance(load_scorer, TokenLoadScorer)
     assert load_scorer.blended  # the servers' reports count, not only picker's ledger

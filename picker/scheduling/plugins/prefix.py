@@ -74,6 +74,15 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   little. New sessions then go round the pool as SGLang's (plain multi-turn 80 req/s 2.5 → 2.25 s, cache-aware
   2.24 s). Where others fill a good part of the queues (bypassing clients, independent replicas) they fill
   servers the round does not see, and the queues of this moment keep their say as before.
+* ``coldSpreadDebtLimit`` 0 (off; ≥ 0): where the spread counts blocks placed lately (``placed``, or
+  ``coldSpreadPlacedWhenFull`` with every index full), a candidate is owed at most this many times the cold
+  prompt's blocks below the candidates' median: whatever it missed beyond that is forgiven (its count is raised
+  to the limit), so it takes its due and then waits for its turn again. A server that took little for a while
+  (shunned as slow, just added to the pool, back from a restart) was otherwise the least placed by far, and the
+  sharp spread sent it every new session until it had caught up: a round of debt paid at once (the lab's
+  slow-server multi-turn 40 req/s: 57 requests in 8 s to the 2.5x slower server, first tokens up to 12 s late).
+  One prompt is the turn a server waits for in an orderly round, so a limit of 1 leaves a round as it was.
+  picker's default sets 1.
 * ``coldSpreadLoraFit`` false: a cold prompt for a LoRA adapter (one some candidate runs or has waiting) gets
   no spread on a server where the adapter neither runs nor has a free slot (fewer distinct running-or-waiting
   adapters than ``max_lora``: lora-affinity-scorer's 1.0 and 0.8), as long as one where it fits is a candidate.
@@ -172,6 +181,7 @@ class Params(PluginParams):
     cold_spread_speed_max_tokens: int = Field(default=32, ge=1)
     cold_spread_placed_when_full: bool = False
     cold_spread_lora_fit: bool = False
+    cold_spread_debt_limit: float = Field(default=0.0, ge=0.0)
     balance_abs_threshold: float = Field(default=0.0, ge=0.0)
     balance_rel_threshold: float = Field(default=1.1, ge=1.0)
 
@@ -380,10 +390,20 @@ class PrefixCacheScorer:
         placed = self._placed
         # Every index full: the blocks held compare equal, so count those placed lately (coldSpreadPlacedWhenFull).
         full = placed is not None and params.cold_spread_placed_when_full and self._indexes_full(endpoints)
-        if placed is not None and (full or params.cold_spread_basis == "placed"):
+        by_placed = placed is not None and (full or params.cold_spread_basis == "placed")
+        if placed is not None and by_placed:
             sizes: list[float] = [placed.get(e.key) for e in endpoints]
         else:
             sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
+        if placed is not None and by_placed and params.cold_spread_debt_limit > 0.0 and len(sizes) > 2:
+            # What a server missed while it took little is owed only up to the limit; the rest is forgiven, so
+            # once it has taken its due it waits for its turn again (module docstring).
+            ordered = sorted(sizes)
+            least = ordered[len(ordered) // 2] - params.cold_spread_debt_limit * match.total_blocks
+            for i, n in enumerate(sizes):
+                if n < least:
+                    placed.add(endpoints[i].key, least - n)
+                    sizes[i] = least
         speed = self._speed
         if speed is not None and full:
             # The blocks placed lately are the work each server took in and, for sessions, work still coming back

@@ -22,6 +22,12 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   seconds late and its last one a minute later: sampled at the end, it was seen that much later and kept taking
   about half its share (docs/scheduling.md, "Tried in a seventh session of 2026-12-05"). Taking every TTFT at the
   first token, or every one over 2x, made the lab's points worse (queueing alone makes first tokens 2-4x late);
+* a streamed pick still waiting for its first token counts before it arrives once it has waited longer than 2x
+  ``ref[class]`` and longer than the endpoint's slowness says it should: its wait so far is a sample its TTFT
+  will exceed, so it joins the window's median as that (for as long as it waits, up to ``memorySeconds``). A
+  server that stops answering, or takes a burst of work it cannot keep up with, is seen while its first tokens
+  are still missing, not seconds later when they come (a 100x server took 42 of 1,500 requests at 100 req/s,
+  now 2; docs/scheduling.md, "Tried in a session of 2026-12-06");
 * a sample moves ``ref`` at most as one of twice ``ref`` would, so a far slower server does not become the norm
   of its class (a 100x server read about 3x after a dozen of its own answers);
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
@@ -84,6 +90,9 @@ _NO_SAMPLE = -1.0  # marks a pick whose response must not count (LoRA adapter lo
 _LATE_FIRST_TOKEN = 8.0
 # A sample moves the pool's reference as one of at most this many times the reference would.
 _REFERENCE_STEP = 2.0
+# A pick still waiting for its first token counts in its endpoint's median once it has waited this many times the
+# pool's TTFT for its class (and more than the endpoint's slowness): queueing alone makes first tokens up to that.
+_OVERDUE = 2.0
 
 
 class Params(PluginParams):
@@ -109,6 +118,8 @@ class _Samples:
     times: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))  # when each ratio was taken
     last_at: float = 0.0
     median: float = 1.0  # of ``ratios``, kept at each sample: read by up to three plugins per scheduling cycle
+    # Streamed picks still waiting for their first token, oldest first: request id -> (picked at, size class).
+    waiting: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
 
 
 class RelativeTtftScorer:
@@ -122,27 +133,64 @@ class RelativeTtftScorer:
         # TTFT per size class, then whole durations per (size class, output class) of non-streamed responses.
         self._reference: list[float | None] = [None] * (_SIZE_CLASSES * (1 + _OUTPUT_CLASSES))
         self._samples: dict[str, _Samples] = {}
+        self._fastest_reference: float | None = None  # the lowest TTFT reference of any size class
         self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
         # request id -> (endpoint, size class, ratio) of a sample taken at the first token, checked against usage
         self._first_samples: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
 
     def slowness(self, key: str) -> float | None:
         """Endpoint ``key``'s median TTFT relative to the pool's over its samples of the last ``memorySeconds``,
-        fading toward 1 once even its newest sample is older; None without a sample."""
+        fading toward 1 once even its newest sample is older, and raised by its overdue picks; None without a
+        sample or an overdue pick."""
         s = self._samples.get(key)
-        if s is None or not s.ratios:
+        if s is None:
             return None
         now = self._ctx.clock()
-        silent = self._silent_s(s, now)
-        if silent <= 0.0:
-            horizon = now - self.params.memory_seconds
-            if s.times[0] < horizon:  # samples older than memorySeconds leave the window while newer ones remain
-                while s.times and s.times[0] < horizon:
-                    s.times.popleft()
-                    s.ratios.popleft()
-                _keep_median(s)
-            return s.median if s.ratios else None
-        return 1.0 + (s.median - 1.0) * math.pow(0.5, silent / (0.5 * self.params.memory_seconds))
+        slowness: float | None = None
+        if s.ratios:
+            silent = self._silent_s(s, now)
+            if silent > 0.0:
+                slowness = 1.0 + (s.median - 1.0) * math.pow(0.5, silent / (0.5 * self.params.memory_seconds))
+            else:
+                horizon = now - self.params.memory_seconds
+                if s.times[0] < horizon:  # samples older than memorySeconds leave the window while newer ones remain
+                    while s.times and s.times[0] < horizon:
+                        s.times.popleft()
+                        s.ratios.popleft()
+                    _keep_median(s)
+                slowness = s.median if s.ratios else None
+        if s.waiting:
+            return self._with_overdue(s, slowness, now)
+        return slowness
+
+    def _with_overdue(self, s: _Samples, slowness: float | None, now: float) -> float | None:
+        """``slowness`` with the endpoint's overdue picks in its median: each waited longer than ``_OVERDUE`` x and
+        than ``slowness`` x its class's reference, so its TTFT will be a sample above the median of now."""
+        fastest = self._fastest_reference
+        if fastest is None:
+            return slowness
+        waiting = s.waiting
+        horizon = now - self.params.memory_seconds
+        while waiting and next(iter(waiting.values()))[0] < horizon:
+            waiting.popitem(last=False)  # lost on the way (its response never reported): forgotten with age
+        floor = _OVERDUE if slowness is None or slowness < _OVERDUE else slowness
+        overdue: list[float] = []
+        for picked_at, cls in waiting.values():
+            waited = now - picked_at
+            if waited <= floor * fastest:
+                break  # the rest were picked later still
+            ref = self._reference[cls]
+            if ref is not None and waited > floor * ref:
+                overdue.append(waited / ref)
+                if len(overdue) == _WINDOW:
+                    break
+        if not overdue:
+            return slowness
+        # The window's samples only while they are current (not faded: the next sample would clear them).
+        current = s.ratios if slowness is not None and self._silent_s(s, now) <= 0.0 else ()
+        values = sorted((*current, *overdue))
+        median = values[len(values) // 2]
+        return median if slowness is None or median > slowness else slowness
 
     def _silent_s(self, samples: _Samples, now: float) -> float:
         """Seconds since the endpoint's newest sample beyond ``memorySeconds`` (≤ 0: heard from lately)."""
@@ -203,9 +251,15 @@ class RelativeTtftScorer:
         pending[req.request_id] = tokens
         if len(pending) > _MAX_PENDING:
             pending.popitem(last=False)
+        if tokens != _NO_SAMPLE and req.stream:  # a whole body has no first token to wait for
+            waiting = self._samples.setdefault(target.key, _Samples()).waiting
+            waiting[req.request_id] = (self._ctx.clock(), size_class(tokens))
+            if len(waiting) > _MAX_PENDING:
+                waiting.popitem(last=False)
 
     def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
         """A late first token counts at once; any other TTFT waits for its response to complete."""
+        self._no_longer_waiting(req, info)
         if info.ttft_s is None or info.ttft_s <= 0.0:
             return
         expected = self._expected_prefill.get(req.request_id)
@@ -223,7 +277,13 @@ class RelativeTtftScorer:
             if len(taken) > _MAX_PENDING:
                 taken.popitem(last=False)
 
+    def _no_longer_waiting(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        samples = self._samples.get(info.endpoint_key)
+        if samples is not None:
+            samples.waiting.pop(req.request_id, None)
+
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        self._no_longer_waiting(req, info)
         taken = self._first_samples.pop(req.request_id, None)
         if taken is not None:
             self._correct(taken, info)
@@ -274,10 +334,13 @@ class RelativeTtftScorer:
         ref = self._reference[cls]
         if ref is None:
             self._reference[cls] = latency
+            self._keep_fastest_reference()
             return None  # the first response of a class only sets the pool's reference
         # A late sample moves the pool's reference as one at _REFERENCE_STEP x would: a server far slower than the
         # rest must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
         self._reference[cls] = ref + _POOL_ALPHA * (min(latency, _REFERENCE_STEP * ref) - ref)
+        if cls < _SIZE_CLASSES:
+            self._keep_fastest_reference()
         samples = self._samples.setdefault(key, _Samples())
         now = self._ctx.clock()
         if self._silent_s(samples, now) > 0.0:
@@ -289,6 +352,10 @@ class RelativeTtftScorer:
         samples.times.append(now)
         _keep_median(samples)
         return ratio
+
+    def _keep_fastest_reference(self) -> None:
+        ttft = [r for r in self._reference[:_SIZE_CLASSES] if r is not None]
+        self._fastest_reference = min(ttft) if ttft else None
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         for key in [k for k in self._samples if k not in keys]:

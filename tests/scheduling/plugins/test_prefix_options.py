@@ -460,3 +460,37 @@ def test_the_default_spreads_by_placed_blocks_when_full() -> None:
     assert isinstance(scorer, prefix.PrefixCacheScorer)
     assert scorer.params.cold_spread_placed_when_full
     assert prefix.Params().cold_spread_placed_when_full is False
+
+
+def test_debt_limit_forgives_what_a_server_missed_beyond_one_prompt() -> None:
+    cold = request(prompt="c" * (BLOCK * 2))  # 2 blocks
+    spreads = {}
+    for limit in (0.0, 1.0):
+        scorer = _scorer(coldSpread=1.0, coldSpreadBasis="placed", coldSpreadDebtLimit=limit)
+        for i, target in enumerate((EPS[0], EPS[0], EPS[0], EPS[1], EPS[1])):
+            _learn(scorer, request(prompt=f"{i}" * (BLOCK * 2)), target)
+        spreads[limit] = by_key(scorer.score(cold, EPS, CycleState()))  # placed: 6, 4 and 0 blocks
+        # E3 takes the next new prompt: with the limit it had been owed 2 blocks, not 4, and is now level with E2.
+        _learn(scorer, request(prompt="n" * (BLOCK * 2)), EPS[2])
+        spreads[limit, "after"] = by_key(scorer.score(cold, EPS, CycleState()))
+    assert spreads[0.0] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: 1.0}
+    assert spreads[1.0] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(1 - 2 / 6, 9)}  # counted at 4 - 2
+    assert spreads[0.0, "after"] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(1 - 2 / 6, 9)}  # still owed
+    assert spreads[1.0, "after"] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(1 - 4 / 6, 9)}  # its turn taken
+
+
+def test_debt_limit_leaves_an_orderly_round_and_the_held_basis_alone() -> None:
+    cold = request(prompt="c" * (BLOCK * 2))
+    for basis in ("placed", "held"):
+        spreads = []
+        for limit in (0.0, 1.0):
+            scorer = _scorer(coldSpread=1.0, coldSpreadBasis=basis, coldSpreadDebtLimit=limit)
+            # placed: 4, 4 and 2 blocks (E3 one prompt behind, its turn next); held: 6, 4 and 0, never raised
+            targets = (EPS[0], EPS[0], EPS[1], EPS[1], EPS[2]) if basis == "placed" else (EPS[0],) * 3 + (EPS[1],) * 2
+            for i, target in enumerate(targets):
+                _learn(scorer, request(prompt=f"{i}" * (BLOCK * 2)), target)
+            spreads.append(by_key(scorer.score(cold, EPS, CycleState())))
+        assert spreads[0] == spreads[1], basis
+    assert prefix.Params().cold_spread_debt_limit == 0.0
+    with pytest.raises(ValidationError):
+        prefix.Params(coldSpreadDebtLimit=-1)

@@ -34,7 +34,7 @@ def respond(
     cached: int = 0,
 ) -> None:
     """One request through the hooks in the director's order: the pick, the first token (streamed), the end."""
-    req = pick(scorer, target, prompt=prompt, lora=lora)
+    req = pick(scorer, target, prompt=prompt, lora=lora, stream=streamed)
     if streamed:
         scorer.first_token(req, ResponseInfo(target.key, ttft_s=ttft_s))
     complete(scorer, req, target, ttft_s, prompt=prompt, streamed=streamed, output=output, cached=cached)
@@ -47,8 +47,10 @@ def answer_rounds(scorer: RelativeTtftScorer, eps: list[Endpoint], ttfts: tuple[
             respond(scorer, e, ttft)
 
 
-def pick(scorer: RelativeTtftScorer, target: Endpoint, *, prompt: int = 300, lora: str = "") -> InferenceRequest:
-    req = request(model=lora or "my-model", request_id=f"r{next(_ids)}", prompt_tokens=prompt)
+def pick(
+    scorer: RelativeTtftScorer, target: Endpoint, *, prompt: int = 300, lora: str = "", stream: bool = True
+) -> InferenceRequest:
+    req = request(model=lora or "my-model", request_id=f"r{next(_ids)}", prompt_tokens=prompt, stream=stream)
     result = SchedulingResult(targets=(target,), primary_profile="default", runs=(), profile_results={})
     scorer.pre_request(req, result)
     return req
@@ -290,3 +292,38 @@ def test_samples_older_than_the_memory_leave_the_window_of_a_server_still_heard_
         respond(scorer, eps[0], 0.10)
     assert scorer.slowness(eps[2].key) <= 1.0  # (the pool's reference rose a little with its slow answers)
     assert scores(scorer, eps)[eps[2].key] == 1.0
+
+
+def test_picks_overdue_for_their_first_token_count_while_they_wait() -> None:
+    scorer, clock = make(memorySeconds=30)
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    answer_rounds(scorer, eps, (0.10, 0.10, 0.10), 6)
+    stalled = eps[2]
+    waiting = [pick(scorer, stalled) for _ in range(8)]
+    whole = [pick(scorer, stalled, stream=False) for _ in range(8)]  # a whole body: no first token to wait for
+    clock.advance(0.15)  # 1.5x the pool's TTFT, as queueing makes it: nothing yet
+    assert scorer.slowness(stalled.key) == pytest.approx(1.0)
+    clock.advance(0.85)  # 10x: eight waits above the six samples of 1 (the median of fourteen)
+    assert scorer.slowness(stalled.key) == pytest.approx(10.0, rel=0.05)
+    assert scores(scorer, eps)[stalled.key] < 0.15
+    clock.advance(1.0)  # still waiting: the bound grows with the wait
+    assert scorer.slowness(stalled.key) == pytest.approx(20.0, rel=0.05)
+    for req in waiting[:5]:  # five first tokens come late and are sampled at once; three picks still wait
+        scorer.first_token(req, ResponseInfo(stalled.key, ttft_s=2.0))
+    assert (scorer.slowness(stalled.key) or 0.0) > 12.0  # (the late samples raised the pool's reference a little)
+    for req in waiting[5:]:
+        scorer.first_token(req, ResponseInfo(stalled.key, ttft_s=2.0))
+    assert not scorer._samples[stalled.key].waiting  # arrived: sampled, no longer waiting
+    assert whole  # never counted: the slowness above is the streamed picks' alone
+
+    # Picks whose responses never report (lost on the way) stop counting after memorySeconds.
+    lost = endpoint(4)
+    eps.append(lost)
+    answer_rounds(scorer, eps, (0.10, 0.10, 0.10, 0.10), 8)
+    for _ in range(9):
+        pick(scorer, lost)
+    clock.advance(5.0)
+    assert scorer.slowness(lost.key) > 10.0  # nine waits above eight samples
+    clock.advance(30.0)
+    assert scorer.slowness(lost.key) < 1.0  # its own samples again (faster than the risen reference)
+    assert not scorer._samples[lost.key].waiting
