@@ -23,8 +23,9 @@ independent routers (``replicas``, each with its own in-flight ledger, prefix st
 gateway spreads requests over them round robin or at random), traffic that bypasses every router
 (``external_share`` of the arrivals sent straight to the engines, uniformly or all to one engine), a restart of
 every router mid-run (``restart_at_s``: fresh ledger, fresh plugin state, fresh metrics; the engines keep their
-queues), and engines slower than the rest (``slowdowns``). ``LabRun.result`` holds the routed requests only
-(what the policy decided); ``LabRun.external`` the bypassing ones.
+queues), and engines slower than the rest (``slowdowns``; ``recover_at_s``: back to full speed from then on).
+``LabRun.result`` holds the routed requests only (what the policy decided); ``LabRun.external`` the bypassing
+ones.
 
 With a ``precise-prefix-cache-scorer`` in a router's configuration, the engines' KV-cache events reach every
 router ``kv_event_delay_s`` after the step that caused them, on the real wire format (``lab_kv``), and each
@@ -89,7 +90,7 @@ EPOCH_S = 1000.0  # virtual time of the first arrival (clocks read > 0, as ``upd
 
 # Event kinds; at equal times a restart comes first, then a scrape, then arrivals, then step ends, then the
 # wake-ups of idle engines whose KV transfers land, then KV events, then the peer exchange's flushes and deliveries.
-_RESTART, _SCRAPE, _ARRIVAL, _STEP, _WAKE, _KV, _FLUSH, _DELIVER = -1, 0, 1, 2, 3, 4, 5, 6
+_RESTART, _SCRAPE, _ARRIVAL, _STEP, _WAKE, _KV, _FLUSH, _DELIVER, _RECOVER = -1, 0, 1, 2, 3, 4, 5, 6, 7
 PolicyFactory = Callable[[PluginContext], Policy]
 _REJECT_STATUS = {"queue_full": 429, "too_long": 400, "unknown_model": 404, "bad_request": 400}
 
@@ -104,6 +105,7 @@ class Scenario:
     external_target: int | None = None  # the engine all bypassing traffic goes to; None: uniform
     restart_at_s: float | None = None  # every router restarts at this time (seconds from the first arrival)
     slowdowns: tuple[float, ...] = ()  # engine i's step times are multiplied by slowdowns[i] (missing: 1.0)
+    recover_at_s: float | None = None  # the slowed engines run at their preset's speed from this time on
     # The peer exchange between the routers (picker.peers, docs/ha.md): off (independent replicas) by default.
     exchange: bool = False
     exchange_delay_s: float = 0.005  # from a router's flush to the peers applying the batch
@@ -117,6 +119,8 @@ class Scenario:
             raise ValueError("exchange_delay_s >= 0, exchange_flush_s > 0 and exchange_loss in [0, 1]")
         if any(f <= 0 for f in self.slowdowns) or (self.restart_at_s is not None and self.restart_at_s < 0):
             raise ValueError("slowdowns > 0 and restart_at_s >= 0")
+        if self.recover_at_s is not None and self.recover_at_s < 0:
+            raise ValueError("recover_at_s >= 0")
 
     @property
     def plain(self) -> bool:
@@ -325,6 +329,8 @@ class _Lab:
             self.push(EPOCH_S + cfg.scrape_interval_s * r / len(self.routers), _SCRAPE, r)
         if cfg.scenario.restart_at_s is not None:
             self.push(EPOCH_S + cfg.scenario.restart_at_s, _RESTART, 0)
+        if cfg.scenario.recover_at_s is not None:
+            self.push(EPOCH_S + cfg.scenario.recover_at_s, _RECOVER, 0)
         if cfg.scenario.exchange and len(self.routers) > 1:
             for r in range(len(self.routers)):
                 self.push(EPOCH_S + cfg.scenario.exchange_flush_s * (r + 1) / len(self.routers), _FLUSH, r)
@@ -349,6 +355,9 @@ class _Lab:
                 self.flush(arg, at)
             elif kind == _DELIVER:
                 self.deliver(arg, at)
+            elif kind == _RECOVER:
+                for engine in self.engines:  # a step under way keeps its length; the next ones are the preset's
+                    engine.config = engine.config.replace(slowdown=1.0)
             else:
                 self.restart(at)
 

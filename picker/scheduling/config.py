@@ -60,9 +60,11 @@ DEFAULT_PROFILE = "default"
 #   prompt that no server holds to the server picker has placed the least content on (SGLang's smallest tree);
 #   ``maxLoadFactor``/``loadCapFloor`` stop a hot prefix from following its holder once that server works on
 #   more than 3x the pool's mean number of requests (and more than 8) - counted from the servers' own queues,
-#   so the cap also holds when other clients or picker replicas fill that server; ``coldSpreadSpeedFrom``
-#   weighs the spread of prompts under two blocks by each server's speed (the relative-ttft-scorer's view), so a
-#   slow server takes fewer short requests instead of its even share; ``coldSpreadPlacedWhenFull``: once picker's
+#   so the cap also holds when other clients or picker replicas fill that server - and keep new prefixes off
+#   such a server too (one back from a slow spell had the emptiest cache and took every new prompt);
+#   ``coldSpreadSpeedFrom`` weighs the spread of prompts under two blocks by each server's speed (the
+#   relative-ttft-scorer's view), so a slow server takes fewer short requests instead of its even share;
+#   ``coldSpreadPlacedWhenFull``: once picker's
 #   index is full for every server (the blocks held compare equal), a cold prompt goes by the new content each
 #   server took in lately, strictly to the least once every server queues (sessions come back for their next
 #   turns: that content is work still to come); ``coldSpreadLoraFit``: a cold prompt for a LoRA adapter is spread

@@ -150,3 +150,22 @@ def test_pickers_default_keeps_off_an_engine_that_stays_much_slower_without_floo
     assert len(to_slow) < 0.02 * 1500, len(to_slow)  # an even share would be 187
     per_5s = Counter(int(t // 5) for t in to_slow)
     assert max(per_5s.values(), default=0) <= 15, sorted(per_5s.items())
+
+
+def test_pickers_default_takes_a_recovered_server_back_without_flooding_it() -> None:
+    # Short and long prompts at 20 req/s on 8 engines; sim-0 15x slower for the first 70 s, then as fast as the
+    # rest. Its cache had the least content, and the cold spread sent it every new long prompt until that had
+    # caught up (191 of the ~200 requests of one 10 s window): the 30 s after the recovery had a p90 TTFT of
+    # 80 ms against least connections' 59. The hot-prefix cap now holds for new content too.
+    short_long = EVAL_WORKLOADS["short-long"]
+    arrivals = poisson_schedule(short_long.make(0).make(), 20.0, 2400, 0)
+    scenario = Scenario(slowdowns=(15.0,), recover_at_s=70.0)
+    p90 = {}
+    for policy in ("lc", "picker"):
+        run = run_lab(LabConfig(short_long.engine, engines=8, scenario=scenario), policy, arrivals)
+        after = sorted(r.ttft_s for r in run.result.records if 80.0 <= r.start_s < 110.0 and r.ttft_s is not None)
+        p90[policy] = after[int(0.9 * len(after))]
+        if policy == "picker":
+            to_slow = Counter(int(r.start_s // 10) for r in run.result.records if r.backend == "sim-0")
+            assert to_slow[8] + to_slow[9] + to_slow[10] > 30, to_slow  # it does take work again
+    assert p90["picker"] < 1.1 * p90["lc"], p90

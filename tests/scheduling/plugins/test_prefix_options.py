@@ -494,3 +494,19 @@ def test_debt_limit_leaves_an_orderly_round_and_the_held_basis_alone() -> None:
     assert prefix.Params().cold_spread_debt_limit == 0.0
     with pytest.raises(ValidationError):
         prefix.Params(coldSpreadDebtLimit=-1)
+
+
+def test_hot_prefix_cap_also_keeps_the_cold_spread_off_a_server_past_it() -> None:
+    # A server with the least content (just recovered, just added) took every new prefix until its cache had
+    # caught up; past the cap it gets none of the spread, and the load scorers choose among the rest.
+    c = ctx()
+    scorer = _scorer(c, coldSpread=1.0, maxLoadFactor=1.25, loadCapFloor=2)
+    _learn(scorer, request(prompt="a" * (BLOCK * 2)), EPS[0])
+    _learn(scorer, request(prompt="b" * (BLOCK * 2)), EPS[1])
+    cold = request(prompt="c" * (BLOCK * 2))
+    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+    c.inflight.acquire(E3, 1, 0.0)
+    assert by_key(scorer.score(cold, EPS, CycleState()))[E3] == 1.0  # 2 with this one: the floor allows it
+    c.inflight.acquire(E3, 1, 0.0)
+    # Σn + 1 = 3 over 3: cap max(ceil(1.25), 2) = 2; E3 would have 3.
+    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.0, E3: 0.0}
