@@ -137,6 +137,8 @@ class RelativeTtftScorer:
         self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
         # request id -> (endpoint, size class, ratio) of a sample taken at the first token, checked against usage
         self._first_samples: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
+        # request id -> the endpoint whose ``waiting`` holds it (the answer may name another: a fallback served it)
+        self._waiting_on: dict[str, str] = {}
 
     def slowness(self, key: str) -> float | None:
         """Endpoint ``key``'s median TTFT relative to the pool's over its samples of the last ``memorySeconds``,
@@ -172,7 +174,8 @@ class RelativeTtftScorer:
         waiting = s.waiting
         horizon = now - self.params.memory_seconds
         while waiting and next(iter(waiting.values()))[0] < horizon:
-            waiting.popitem(last=False)  # lost on the way (its response never reported): forgotten with age
+            lost, _ = waiting.popitem(last=False)  # its response never reported: forgotten with age
+            self._waiting_on.pop(lost, None)
         floor = _OVERDUE if slowness is None or slowness < _OVERDUE else slowness
         overdue: list[float] = []
         for picked_at, cls in waiting.values():
@@ -254,12 +257,13 @@ class RelativeTtftScorer:
         if tokens != _NO_SAMPLE and req.stream:  # a whole body has no first token to wait for
             waiting = self._samples.setdefault(target.key, _Samples()).waiting
             waiting[req.request_id] = (self._ctx.clock(), size_class(tokens))
+            self._waiting_on[req.request_id] = target.key
             if len(waiting) > _MAX_PENDING:
-                waiting.popitem(last=False)
+                self._waiting_on.pop(waiting.popitem(last=False)[0], None)
 
     def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
         """A late first token counts at once; any other TTFT waits for its response to complete."""
-        self._no_longer_waiting(req, info)
+        self._no_longer_waiting(req)
         if info.ttft_s is None or info.ttft_s <= 0.0:
             return
         expected = self._expected_prefill.get(req.request_id)
@@ -277,13 +281,14 @@ class RelativeTtftScorer:
             if len(taken) > _MAX_PENDING:
                 taken.popitem(last=False)
 
-    def _no_longer_waiting(self, req: InferenceRequest, info: ResponseInfo) -> None:
-        samples = self._samples.get(info.endpoint_key)
+    def _no_longer_waiting(self, req: InferenceRequest) -> None:
+        key = self._waiting_on.pop(req.request_id, None)
+        samples = self._samples.get(key) if key is not None else None
         if samples is not None:
             samples.waiting.pop(req.request_id, None)
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
-        self._no_longer_waiting(req, info)
+        self._no_longer_waiting(req)
         taken = self._first_samples.pop(req.request_id, None)
         if taken is not None:
             self._correct(taken, info)
@@ -359,7 +364,8 @@ class RelativeTtftScorer:
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         for key in [k for k in self._samples if k not in keys]:
-            del self._samples[key]
+            for request_id in self._samples.pop(key).waiting:
+                self._waiting_on.pop(request_id, None)
 
 
 def _keep_median(samples: _Samples) -> None:

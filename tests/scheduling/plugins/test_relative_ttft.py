@@ -327,3 +327,19 @@ def test_picks_overdue_for_their_first_token_count_while_they_wait() -> None:
     clock.advance(30.0)
     assert scorer.slowness(lost.key) < 1.0  # its own samples again (faster than the risen reference)
     assert not scorer._samples[lost.key].waiting
+
+
+def test_a_pick_served_by_a_fallback_no_longer_waits_on_its_first_target() -> None:
+    scorer, clock = make()
+    eps = [endpoint(i) for i in (1, 2, 3)]
+    answer_rounds(scorer, eps, (0.10, 0.10, 0.10), 8)
+    req = pick(scorer, eps[0])
+    clock.advance(0.05)
+    complete(scorer, req, eps[1], 0.10)  # the gateway retried it on eps[1], which answered
+    clock.advance(5.0)
+    assert not scorer._samples[eps[0].key].waiting
+    assert scorer.slowness(eps[0].key) == pytest.approx(1.0, abs=0.1)
+    scorer.endpoints_changed(frozenset(e.key for e in eps[1:]))  # a departed endpoint's picks go with it
+    pick(scorer, eps[1])
+    scorer.endpoints_changed(frozenset(e.key for e in eps[2:]))
+    assert not scorer._waiting_on
