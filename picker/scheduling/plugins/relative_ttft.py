@@ -257,13 +257,14 @@ class RelativeTtftScorer:
         if tokens != _NO_SAMPLE and req.stream:  # a whole body has no first token to wait for
             waiting = self._samples.setdefault(target.key, _Samples()).waiting
             waiting[req.request_id] = (self._ctx.clock(), size_class(tokens))
-            self._waiting_on[req.request_id] = target.key
-            if len(waiting) > _MAX_PENDING:
-                self._waiting_on.pop(waiting.popitem(last=False)[0], None)
+            waiting_on = self._waiting_on
+            waiting_on[req.request_id] = target.key
+            if len(waiting_on) > _MAX_PENDING:  # the oldest pick of any endpoint, as for the expected prefills
+                self._no_longer_waiting(next(iter(waiting_on)))
 
     def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
         """A late first token counts at once; any other TTFT waits for its response to complete."""
-        self._no_longer_waiting(req)
+        self._no_longer_waiting(req.request_id)
         if info.ttft_s is None or info.ttft_s <= 0.0:
             return
         expected = self._expected_prefill.get(req.request_id)
@@ -281,14 +282,14 @@ class RelativeTtftScorer:
             if len(taken) > _MAX_PENDING:
                 taken.popitem(last=False)
 
-    def _no_longer_waiting(self, req: InferenceRequest) -> None:
-        key = self._waiting_on.pop(req.request_id, None)
+    def _no_longer_waiting(self, request_id: str) -> None:
+        key = self._waiting_on.pop(request_id, None)
         samples = self._samples.get(key) if key is not None else None
         if samples is not None:
-            samples.waiting.pop(req.request_id, None)
+            samples.waiting.pop(request_id, None)
 
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
-        self._no_longer_waiting(req)
+        self._no_longer_waiting(req.request_id)
         taken = self._first_samples.pop(req.request_id, None)
         if taken is not None:
             self._correct(taken, info)

@@ -9,6 +9,7 @@ import pytest
 
 from picker.endpoints.model import Endpoint
 from picker.plugins import CycleState, InferenceRequest, ResponseInfo, SchedulingResult
+from picker.scheduling.plugins import relative_ttft
 from picker.scheduling.plugins.relative_ttft import Params, RelativeTtftScorer, size_class
 from tests.conftest import FakeClock, endpoint, request
 from tests.scheduling.helpers import by_key, ctx
@@ -343,3 +344,12 @@ def test_a_pick_served_by_a_fallback_no_longer_waits_on_its_first_target() -> No
     pick(scorer, eps[1])
     scorer.endpoints_changed(frozenset(e.key for e in eps[2:]))
     assert not scorer._waiting_on
+
+
+def test_picks_never_answered_are_forgotten_past_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relative_ttft, "_MAX_PENDING", 4)
+    scorer, _ = make()
+    eps = [endpoint(i) for i in (1, 2)]
+    picks = [pick(scorer, eps[i % 2]) for i in range(6)]  # no response ever reports (a client that sent no body)
+    assert list(scorer._waiting_on) == [r.request_id for r in picks[2:]]
+    assert sum(len(scorer._samples[e.key].waiting) for e in eps) == 4
