@@ -134,6 +134,7 @@ class RelativeTtftScorer:
         self._reference: list[float | None] = [None] * (_SIZE_CLASSES * (1 + _OUTPUT_CLASSES))
         self._samples: dict[str, _Samples] = {}
         self._fastest_reference: float | None = None  # the lowest TTFT reference of any size class
+        self._sampled = False  # whether any endpoint has had a ratio
         self._expected_prefill: OrderedDict[str, float] = OrderedDict()  # request id -> uncached tokens at the pick
         # request id -> (endpoint, size class, ratio) of a sample taken at the first token, checked against usage
         self._first_samples: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
@@ -220,8 +221,8 @@ class RelativeTtftScorer:
     def _compared(self, endpoints: Sequence[Endpoint]) -> tuple[list[float | None], float] | None:
         """Each endpoint's slowness (None: no recent sample) and the limit beyond which it counts as slow; None
         when no endpoint can be compared."""
-        if not self._samples:
-            return None
+        if not self._sampled and self._fastest_reference is None:
+            return None  # no ratio yet and none to compare a wait with: every endpoint reads None
         slow = [self.slowness(e.key) for e in endpoints]
         seen = sorted(x for x in slow if x is not None)
         if len(endpoints) < 2 or not seen:
@@ -353,6 +354,7 @@ class RelativeTtftScorer:
             samples.ratios.clear()  # after a silence the old samples say little of the server now
             samples.times.clear()
         ratio = latency / ref
+        self._sampled = True
         samples.ratios.append(ratio)
         samples.last_at = now
         samples.times.append(now)
