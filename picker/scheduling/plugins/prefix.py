@@ -84,7 +84,7 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   to the limit), so it takes its due and then waits for its turn again. A server that took little for a while
   (shunned as slow, just added to the pool, back from a restart) was otherwise the least placed by far, and the
   sharp spread sent it every new session until it had caught up: a round of debt paid at once (the lab's
-  slow-server multi-turn 40 req/s: 57 requests in 8 s to the 2.5x slower server, first tokens up to 12 s late).
+  slow-server multi-turn 40 req/s: 55 requests in 8 s to the 2.5x slower server, first tokens up to 12 s late).
   One prompt is the turn a server waits for in an orderly round, so a limit of 1 leaves a round as it was.
   picker's default sets 1.
 * ``coldSpreadLoraFit`` false: a cold prompt for a LoRA adapter (one some candidate runs or has waiting) gets
@@ -396,19 +396,19 @@ class PrefixCacheScorer:
         placed = self._placed
         # Every index full: the blocks held compare equal, so count those placed lately (coldSpreadPlacedWhenFull).
         full = placed is not None and params.cold_spread_placed_when_full and self._indexes_full(endpoints)
-        by_placed = placed is not None and (full or params.cold_spread_basis == "placed")
-        if placed is not None and by_placed:
-            sizes: list[float] = [placed.get(e.key) for e in endpoints]
+        by_placed = placed if full or params.cold_spread_basis == "placed" else None
+        if by_placed is not None:
+            sizes: list[float] = [by_placed.get(e.key) for e in endpoints]
         else:
             sizes = [self.index.endpoint_blocks(e.key) for e in endpoints]
-        if placed is not None and by_placed and params.cold_spread_debt_limit > 0.0 and len(sizes) > 2:
+        if by_placed is not None and params.cold_spread_debt_limit > 0.0 and len(sizes) > 2:
             # What a server missed while it took little is owed only up to the limit; the rest is forgiven, so
             # once it has taken its due it waits for its turn again (module docstring).
             ordered = sorted(sizes)
             least = ordered[len(ordered) // 2] - params.cold_spread_debt_limit * match.total_blocks
             for i, n in enumerate(sizes):
                 if n < least:
-                    placed.add(endpoints[i].key, least - n)
+                    by_placed.add(endpoints[i].key, least - n)
                     sizes[i] = least
         speed = self._speed
         if speed is not None and full:
