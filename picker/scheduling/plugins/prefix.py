@@ -291,8 +291,6 @@ class PrefixCacheScorer:
             scores = self._spread(endpoints, match)
             if params.cold_spread_lora_fit:
                 _spread_where_adapter_fits(req.lora_adapter, endpoints, scores)
-            if params.max_load_factor > 0.0 and (loads := self._loads(endpoints)):
-                self._cap_hot(loads, scores)  # new content too: not onto a server past the cap (docstring)
         else:
             counts = match.blocks
             if params.score_mode == "ratio":
@@ -301,11 +299,13 @@ class PrefixCacheScorer:
             else:
                 scale = match.prompt_tokens / float(params.saturation_tokens)
                 scores = [(x if (x := scale * (1.0 - u)) < 1.0 else 1.0) for u in match.uncached_fractions(endpoints)]
-            if params.max_load_factor > 0.0 and (loads := self._loads(endpoints)):
+        capped, balanced = params.max_load_factor > 0.0, params.balance_abs_threshold > 0.0
+        if (capped or balanced) and (loads := self._loads(endpoints)):  # read once for both rules
+            if capped:  # held prefixes and new content alike: nothing onto a server past the cap (docstring)
                 self._cap_hot(loads, scores)
-        if params.balance_abs_threshold > 0.0 and (loads := self._loads(endpoints)):
-            for i in over_bound(loads, params):
-                scores[i] = 0.0
+            if balanced:
+                for i in over_bound(loads, params):
+                    scores[i] = 0.0
         return ScoreVector(endpoints, scores)
 
     def match(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> PrefixMatch:

@@ -150,6 +150,7 @@ class RelativeTtftScorer:
             return None
         now = self._ctx.clock()
         slowness: float | None = None
+        current: Sequence[float] = ()  # the window's samples while they are current (not faded)
         if s.ratios:
             silent = self._silent_s(s, now)
             if silent > 0.0:
@@ -162,11 +163,12 @@ class RelativeTtftScorer:
                         s.ratios.popleft()
                     _keep_median(s)
                 slowness = s.median if s.ratios else None
+                current = s.ratios
         if s.waiting:
-            return self._with_overdue(s, slowness, now)
+            return self._with_overdue(s, slowness, current, now)
         return slowness
 
-    def _with_overdue(self, s: _Samples, slowness: float | None, now: float) -> float | None:
+    def _with_overdue(self, s: _Samples, slowness: float | None, current: Sequence[float], now: float) -> float | None:
         """``slowness`` with the endpoint's overdue picks in its median: each waited longer than ``_OVERDUE`` x and
         than ``slowness`` x its class's reference, so its TTFT will be a sample above the median of now."""
         fastest = self._fastest_reference
@@ -190,8 +192,7 @@ class RelativeTtftScorer:
                     break
         if not overdue:
             return slowness
-        # The window's samples only while they are current (not faded: the next sample would clear them).
-        current = s.ratios if slowness is not None and self._silent_s(s, now) <= 0.0 else ()
+        # Faded samples are left out: the next sample would clear them.
         values = sorted((*current, *overdue))
         median = values[len(values) // 2]
         return median if slowness is None or median > slowness else slowness
