@@ -11,8 +11,9 @@ A scheduling cycle hands every plugin the same read-only values:
 * ``PluginContext``: a clock, a seeded random source, and two read-only views computed on demand:
   ``ctx.load(endpoint)`` (picker's own in-flight requests and tokens there, and the TTFT / TPOT it observed),
   ``ctx.server_load(endpoint)`` (the server's last report corrected by what picker sent it since: its load
-  now, traffic picker did not route included; ``picker.endpoints.serverload``) and ``ctx.metrics_age_s(endpoint)``
-  (seconds since that endpoint's metrics were scraped).
+  now, traffic picker did not route included, and assumed to have followed picker's own sends since the report;
+  ``picker.endpoints.serverload``) and ``ctx.metrics_age_s(endpoint)`` (seconds since that endpoint's metrics
+  were scraped).
 * ``CycleState``: a dict shared by the plugins of one cycle, for work computed once and reused.
 
 The three role protocols are structural: a class needs only the method. The engine gives each configured
@@ -172,8 +173,9 @@ class PluginContext:
         return serverload.requests_of(endpoints, self._ledger_get(), self.clock(), self.metrics_max_age_s)
 
     def server_waiting(self, endpoints: Sequence[Endpoint]) -> list[float]:
-        """``server_load(e).foreign_waiting`` for each endpoint, in order: the requests each server reported
-        waiting beyond picker's own (and its peers') in flight."""
+        """For each endpoint, in order: the requests each server reported waiting beyond picker's own (and its
+        peers') in flight at its sample, not moved with picker's sends since (``serverload.waiting_of``; the other
+        counts and ``server_load`` are)."""
         return serverload.waiting_of(endpoints, self._ledger_get(), self.clock(), self.metrics_max_age_s)
 
     def server_foreign(self, endpoints: Sequence[Endpoint]) -> list[float]:

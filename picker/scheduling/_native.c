@@ -248,6 +248,38 @@ static inline int waiting_share(long long foreign, long long waiting, long long 
     return 0;
 }
 
+/* serverload.MAX_OTHERS_PER_OWN */
+#define MAX_OTHERS_PER_OWN 8.0
+
+/* serverload._moved: the foreign requests now and the waiting ones among them ((0, 0) for none), the report beyond
+ * picker's own at the sample moved m - 1 times picker's own change since; 1 when the waiting share is not exact in
+ * a double (see waiting_share). */
+static inline int moved(long long reported, long long waiting, long long own_then, long long own_now, double *f,
+                        double *w) {
+    long long foreign = reported - own_then;
+    *f = *w = 0.0;
+    if (foreign <= 0) return 0;
+    double share;
+    if (waiting_share(foreign, waiting, reported, &share)) return 1;
+    if (own_then <= 0 || own_now == own_then) {
+        *f = (double)foreign;
+        *w = share;
+        return 0;
+    }
+    double ratio = (double)reported / (double)own_then;
+    double change = ((ratio < MAX_OTHERS_PER_OWN ? ratio : MAX_OTHERS_PER_OWN) - 1.0) * (double)(own_now - own_then);
+    if (change >= 0.0) {
+        *f = (double)foreign + change;
+        *w = share + change;
+        return 0;
+    }
+    double left = (double)foreign + change;
+    if (left <= 0.0) return 0;
+    *f = left;
+    *w = share * left / (double)foreign;
+    return 0;
+}
+
 static PyObject *tokens_of(PyObject *self, PyObject *args) {
     PyObject *endpoints, *loads;
     double now, rt, dt, max_age;
@@ -319,23 +351,21 @@ static PyObject *tokens_of(PyObject *self, PyObject *args) {
                 }
             }
             Py_DECREF(then);
-            long long reported = waiting + running;
-            long long foreign = reported - own_then;
-            if (foreign <= 0) {
+            double f, w; /* waiting_of is not moved (serverload.waiting_of) */
+            if (moved(waiting + running, waiting, own_then, waiting_only ? own_then : own_requests, &f, &w)) {
+                Py_DECREF(m);
+                rc = 1;
+                goto rc_fail;
+            }
+            if (f <= 0.0) {
                 value = waiting_only || foreign_only ? 0.0
                         : requests   ? (double)own_requests + 0.0
                                      : (double)own_tokens + 0.0 * rt + 0.0 * dt;
             } else {
-                double w;
-                if (waiting_share(foreign, waiting, reported, &w)) {
-                    Py_DECREF(m);
-                    rc = 1;
-                    goto rc_fail;
-                }
                 value = waiting_only ? w
-                        : foreign_only ? w + ((double)foreign - w)
-                        : requests   ? (double)own_requests + (w + ((double)foreign - w))
-                                     : (double)own_tokens + w * rt + ((double)foreign - w) * dt;
+                        : foreign_only ? w + (f - w)
+                        : requests   ? (double)own_requests + (w + (f - w))
+                                     : (double)own_tokens + w * rt + (f - w) * dt;
             }
         }
         Py_DECREF(m);
@@ -462,7 +492,8 @@ fail:
  * tuple; a request then reads those arrays and its own ledger (the keys with picker's or its peers' requests in
  * flight, usually far fewer than the pool) instead of four Python objects per endpoint. The results are
  * tokens_of's numbers and select's choice exactly (the same double arithmetic): for an endpoint without a ledger
- * entry the reported part is computed ahead with own = 0; an endpoint with one is computed as tokens_of does.
+ * entry the reported part is computed ahead with own = 0 (moved from its count at the sample to none); an endpoint
+ * with one is computed as tokens_of does.
  *
  * select(endpoints, loads, now, request_tokens, decode_tokens, max_age_s, k, held) -> list | None
  *   None (the caller takes the per-object path): ``endpoints`` is not a tuple, or is neither the tuple the
@@ -482,8 +513,8 @@ typedef struct {
     double *updated; /* metrics.updated_at */
     long long *waiting, *running, *then; /* then: metrics.own_requests; has_then[i] = 0 when None */
     unsigned char *has_then;
-    double *w, *rest; /* with no ledger entry: foreign * waiting / reported, foreign - that (foreign > 0) */
-    unsigned char *foreign; /* with no ledger entry: whether foreign > 0 */
+    double *w, *rest; /* with no ledger entry: the foreign waiting requests, the rest of the foreign (moved) */
+    unsigned char *foreign; /* with no ledger entry: whether there are foreign requests */
     double *value, *scratch; /* per call */
     unsigned char *mark;     /* per call: held */
 } LoadTableObject;
@@ -511,11 +542,12 @@ static inline double load_value(const LoadTableObject *t, Py_ssize_t i, long lon
     double updated = t->updated[i];
     if (updated <= 0.0 || now - updated > max_age) return (double)own_tokens + 0.0 * rt + 0.0 * dt;
     long long waiting = t->waiting[i], reported = waiting + t->running[i];
-    long long foreign = reported - (t->has_then[i] ? t->then[i] : own_requests);
-    if (foreign <= 0) return (double)own_tokens + 0.0 * rt + 0.0 * dt;
-    double w;
-    if (waiting_share(foreign, waiting, reported, &w)) return Py_NAN; /* the caller declines NaN loads */
-    return (double)own_tokens + w * rt + ((double)foreign - w) * dt;
+    double f, w;
+    if (moved(reported, waiting, t->has_then[i] ? t->then[i] : own_requests, own_requests, &f, &w)) {
+        return Py_NAN; /* the caller declines NaN loads */
+    }
+    if (f <= 0.0) return (double)own_tokens + 0.0 * rt + 0.0 * dt;
+    return (double)own_tokens + w * rt + (f - w) * dt;
 }
 
 /* 1: built; 0: declined (the tuple holds what the arrays cannot; nothing built); -1: error. */
@@ -582,12 +614,10 @@ static int LoadTable_build(LoadTableObject *t, PyObject *tuple) {
         if (rc < 0) goto fail;
         if (rc > 0) goto declined;
         long long waiting = t->waiting[i], reported = waiting + t->running[i];
-        long long foreign = reported - (t->has_then[i] ? t->then[i] : 0);
-        t->foreign[i] = foreign > 0;
-        if (foreign > 0) {
-            if (waiting_share(foreign, waiting, reported, &t->w[i])) goto declined;
-            t->rest[i] = (double)foreign - t->w[i];
-        }
+        double f; /* without a ledger entry picker has none there now: own 0 */
+        if (moved(reported, waiting, t->has_then[i] ? t->then[i] : 0, 0, &f, &t->w[i])) goto declined;
+        t->foreign[i] = f > 0.0;
+        if (f > 0.0) t->rest[i] = f - t->w[i];
     }
     Py_INCREF(tuple);
     t->built = tuple;

@@ -28,15 +28,17 @@ def test_only_picker_sends_traffic_the_estimate_is_the_ledger() -> None:
 
 
 def test_traffic_picker_did_not_send_counts_at_the_weight_of_its_own_requests() -> None:
-    # 10 waiting + 6 running reported, of which 2 were picker's: 14 foreign, split 10:6 like the report.
+    # 10 waiting + 6 running reported, of which 2 were picker's (still in flight): 14 foreign, split 10:6 like the
+    # report.
     ep = endpoint(1, waiting=10, running=6, own_requests=2, updated_at=NOW - 0.05)
     inflight = InflightTracker()
-    inflight.acquire(ep.key, 300, NOW)
+    inflight.acquire(ep.key, 100, NOW)
+    inflight.acquire(ep.key, 200, NOW)
     load = estimate(ep, inflight.load(ep.key), NOW)
     assert load.foreign_requests == pytest.approx(14.0)
     assert load.foreign_waiting == pytest.approx(14.0 * 10 / 16)
     assert load.foreign_running == pytest.approx(14.0 * 6 / 16)
-    assert load.requests == pytest.approx(15.0)  # picker's 1 now + 14 foreign
+    assert load.requests == pytest.approx(16.0)  # picker's 2 + 14 foreign
     assert load.tokens(1000.0, 50.0) == pytest.approx(300 + 8.75 * 1000 + 5.25 * 50)
 
 
@@ -77,6 +79,7 @@ def test_stale_or_missing_samples_leave_the_ledger_alone(age: float) -> None:
 def test_the_columnar_loops_equal_estimate_on_random_pools() -> None:
     rng = random.Random(11)
     now = 1000.0
+    moved = 0
     for _ in range(300):
         eps = [
             endpoint(
@@ -100,5 +103,58 @@ def test_the_columnar_loops_equal_estimate_on_random_pools() -> None:
         assert serverload.tokens_of(eps, load, now, per_request, per_decode) == [
             x.tokens(per_request, per_decode) for x in expected
         ]
-        assert serverload.waiting_of(eps, load, now) == [x.foreign_waiting for x in expected]
         assert serverload.foreign_of(eps, load, now) == [x.foreign_requests for x in expected]
+        reported = [estimate(e, load(e.key), now, follow_own=False) for e in eps]
+        assert serverload.waiting_of(eps, load, now) == [x.foreign_waiting for x in reported]
+        moved += expected != reported
+    assert moved > 50  # the pools exercise the move with picker's own, not only servers it leaves alone
+
+
+def test_the_other_routers_are_assumed_to_send_where_picker_sent_since_the_report() -> None:
+    # Four routers alike: the server reported 8, 2 of them this picker's (m = 4). Since, picker sent 2 more: the 3
+    # others, reading the same report, likely did too, 6 more before the next report shows them.
+    ep = endpoint(1, waiting=4, running=4, own_requests=2, updated_at=NOW - 0.05)
+    inflight = InflightTracker()
+    for _ in range(4):
+        inflight.acquire(ep.key, 100, NOW)
+    load = estimate(ep, inflight.load(ep.key), NOW)
+    assert load.foreign_requests == 6 + 6.0
+    assert load.foreign_waiting == 3 + 6.0  # the others' new requests wait, as whole ones
+    assert load.requests == 4 + 12.0
+    assert load.tokens(1000.0, 50.0) == 400 + 9 * 1000.0 + 3 * 50.0
+    assert serverload.waiting_of([ep], inflight.load, NOW) == [3.0]  # the waiting count alone: as reported
+    unmoved = estimate(ep, inflight.load(ep.key), NOW, follow_own=False)
+    assert (unmoved.foreign_requests, unmoved.foreign_waiting) == (6, 3.0)
+
+
+def test_requests_picker_saw_finish_since_the_report_take_the_others_alike_with_them() -> None:
+    ep = endpoint(1, waiting=4, running=4, own_requests=2, updated_at=NOW - 0.05)
+    inflight = InflightTracker()
+    leases = [inflight.acquire(ep.key, 100, NOW) for _ in range(2)]
+    inflight.release(leases[0])  # one of picker's finished: the others' 6 are 3 fewer, from waiting and running
+    load = estimate(ep, inflight.load(ep.key), NOW)
+    assert (load.foreign_requests, load.foreign_waiting) == (3.0, 1.5)
+    inflight.release(leases[1])  # more finished than the others had: none left, never below
+    assert estimate(ep, inflight.load(ep.key), NOW).foreign_requests == 0.0
+
+
+def test_where_picker_sends_a_small_share_its_own_sends_count_at_most_eight_times() -> None:
+    # Just restarted: 1 of the 40 requests the server reported is picker's. Its own sends say little of the rest.
+    ep = endpoint(1, waiting=20, running=20, own_requests=1)
+    inflight = InflightTracker()
+    inflight.acquire(ep.key, 10, NOW)
+    inflight.acquire(ep.key, 10, NOW)
+    assert estimate(ep, inflight.load(ep.key), NOW).foreign_requests == 39 + (serverload.MAX_OTHERS_PER_OWN - 1)
+
+
+def test_a_server_picker_had_nothing_on_at_the_report_is_not_moved() -> None:
+    # A client that sends straight to one server does not follow picker: nothing of picker's there to scale by,
+    # and picker's sends elsewhere are its own only.
+    hot = endpoint(1, waiting=30, running=10, own_requests=0)
+    mine = endpoint(2, waiting=0, running=4, own_requests=4)
+    inflight = InflightTracker()
+    inflight.acquire(hot.key, 10, NOW)
+    for _ in range(6):
+        inflight.acquire(mine.key, 10, NOW)
+    assert serverload.foreign_of([hot, mine], inflight.load, NOW) == [40.0, 0.0]
+    assert serverload.requests_of([hot, mine], inflight.load, NOW) == [41.0, 6.0]
