@@ -8,18 +8,25 @@ import pytest
 
 from picker.endpoints import serverload
 from picker.endpoints.inflight import EndpointLoad, InflightTracker
+from picker.endpoints.model import Endpoint
 from picker.endpoints.serverload import ServerLoad, estimate
 from tests.conftest import endpoint
 
 NOW = 1000.0
 
 
+def _sent(ep: Endpoint, requests: int, tokens: int = 100) -> InflightTracker:
+    """picker's ledger after sending ``requests`` of ``tokens`` each to ``ep``, none finished."""
+    inflight = InflightTracker()
+    for _ in range(requests):
+        inflight.acquire(ep.key, tokens, NOW)
+    return inflight
+
+
 def test_only_picker_sends_traffic_the_estimate_is_the_ledger() -> None:
     # At the sample the server had 3 requests, all picker's; since, picker sent 2 more and saw 1 finish.
     ep = endpoint(1, waiting=0, running=3, own_requests=3, updated_at=NOW - 0.05)
-    inflight = InflightTracker()
-    for _ in range(4):
-        inflight.acquire(ep.key, 100, NOW)
+    inflight = _sent(ep, 4)
     load = estimate(ep, inflight.load(ep.key), NOW)
     assert load.fresh
     assert load.foreign_requests == 0.0
@@ -51,9 +58,7 @@ def test_a_restarted_picker_sees_the_queues_it_did_not_fill() -> None:
 def test_requests_in_transit_never_make_the_foreign_load_negative() -> None:
     # picker had sent 5 that the server had not counted yet (in transit): no foreign load, and the ledger stands.
     ep = endpoint(1, waiting=0, running=2, own_requests=5)
-    inflight = InflightTracker()
-    for _ in range(5):
-        inflight.acquire(ep.key, 10, NOW)
+    inflight = _sent(ep, 5, tokens=10)
     load = estimate(ep, inflight.load(ep.key), NOW)
     assert load == ServerLoad(5, 50, 0.0, 0.0, 0.0, fresh=True)
 
@@ -114,9 +119,7 @@ def test_the_other_routers_are_assumed_to_send_where_picker_sent_since_the_repor
     # Four routers alike: the server reported 8, 2 of them this picker's (m = 4). Since, picker sent 2 more: the 3
     # others, reading the same report, likely did too, 6 more before the next report shows them.
     ep = endpoint(1, waiting=4, running=4, own_requests=2, updated_at=NOW - 0.05)
-    inflight = InflightTracker()
-    for _ in range(4):
-        inflight.acquire(ep.key, 100, NOW)
+    inflight = _sent(ep, 4)
     load = estimate(ep, inflight.load(ep.key), NOW)
     assert load.foreign_requests == 6 + 6.0
     assert load.foreign_waiting == 3 + 6.0  # the others' new requests wait, as whole ones

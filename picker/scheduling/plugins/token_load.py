@@ -11,9 +11,9 @@ what each server reported beyond picker's own requests (``PluginContext.server_l
 by what picker sent and saw finish since): requests from other picker replicas, other gateways, clients that
 bypass picker, or from before picker restarted, each weighted as an average request picker routed (waiting: prompt
 + answer; running: the answer). Without a fresh sample it is the ledger alone. Since the report, the others are
-assumed to have sent where picker did, at the share of the traffic picker does not see (``serverload``: independent
-replicas read the same reports and went to the same servers; with that, 4 replicas at shared-prefix 160 req/s
-2,837 -> 2,673 ms p90, docs/scheduling.md).
+assumed to have sent where picker did, in proportion to each server's traffic per request of picker's there
+(``serverload``: independent replicas read the same reports and likely favour the same servers; 4 replicas at
+shared-prefix 160 req/s 2,837 -> 2,690 ms p90, docs/scheduling.md).
 
 With a peer exchange between picker replicas (docs/ha.md) the ledger is the pool's: picker's own in-flight tokens
 plus those its peers reported.
