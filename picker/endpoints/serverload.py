@@ -28,9 +28,9 @@ and m_e is about 1 too. Per server, not over the pool: a client that sends half 
 does not follow picker, and there picker's share (and its own change) is small, so its own moves elsewhere are not
 read as the client's (a lab run with half the traffic sent straight to one of 4 servers: with one m over the pool,
 2, picker's sends to the other three were doubled and its prefix groups split, p90 90 -> 172 ms;
-tests/bench/test_lab_scenarios.py). Four independent
-replicas in the policy lab: p90 TTFT 2,837 -> 2,690 ms at shared-prefix 160 req/s (seeds 0-9; docs/scheduling.md).
-``waiting_of``, the waiting requests alone, is not moved (``follow_own`` off; its docstring).
+tests/bench/test_lab_scenarios.py). Four independent replicas in the policy lab: p90 TTFT 2,837 -> 2,690 ms at
+shared-prefix 160 req/s (seeds 0-9; docs/scheduling.md). ``waiting_of``, the waiting requests alone, is not moved
+(``follow_own`` off; its docstring).
 
 In tokens (the unit of ``token-load-scorer``): the ledger's own tokens, plus each foreign request at the weight
 of an average request picker routed: a waiting one as a whole request (prompt + answer), a running one as an
