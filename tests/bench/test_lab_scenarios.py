@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from picker.bench.policies import Pick, RoundRobin
 from picker.bench.report import summarize
 from picker.endpoints.model import Endpoint
 from picker.request.model import InferenceRequest
+from picker.scheduling.config import DEFAULT_CONFIG_TEXT
 from picker.scheduling.framework import PluginContext
 from picker.sim.config import preset
 
@@ -169,3 +171,25 @@ def test_pickers_default_takes_a_recovered_server_back_without_flooding_it() -> 
             to_slow = Counter(int(r.start_s // 10) for r in run.result.records if r.backend == "sim-0")
             assert to_slow[8] + to_slow[9] + to_slow[10] > 30, to_slow  # it does take work again
     assert p90["picker"] < 1.1 * p90["lc"], p90
+
+
+def test_cold_spread_home_puts_each_prefix_on_one_server_across_independent_routers(tmp_path: Path) -> None:
+    # Four routers that do not tell each other where they sent what: with picker's default each places a new
+    # system prompt on its own least placed server, so a prefix gets a home per router; with coldSpreadHome
+    # every router computes the same home for it.
+    config = tmp_path / "home.yaml"
+    config.write_text(
+        DEFAULT_CONFIG_TEXT.replace("coldSpreadDebtLimit: 1", "coldSpreadDebtLimit: 1\n    coldSpreadHome: true")
+    )
+    lab = LabConfig(ENGINE, engines=4, scenario=Scenario(replicas=4))
+    arrivals = shared_prefix(240, 20.0)
+    servers_per_prefix = {}
+    for policy in ("picker", f"config:{config}"):
+        run = run_lab(lab, policy, arrivals)
+        assert summarize(run.result).ok == 240
+        homes: dict[str, set[str | None]] = {}
+        for r in run.result.records:
+            homes.setdefault(r.tag, set()).add(r.backend)
+        servers_per_prefix[policy] = sum(len(s) for s in homes.values()) / len(homes)
+    assert servers_per_prefix["picker"] > 1.5, servers_per_prefix
+    assert servers_per_prefix[f"config:{config}"] == 1.0, servers_per_prefix

@@ -95,6 +95,16 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   busy with another adapter, splitting adapters over servers with one slot (the lab's multi-LoRA 40 req/s: 153
   → 135 ms p90 over ten seeds; 20 req/s with 30 % outside traffic 164 → 140). A base-model request is in no
   server's adapter lists and is spread as before. picker's default turns it on.
+* ``coldSpreadHome`` false: a cold prompt of at least ``coldSpreadSpeedMaxTokens`` tokens scores the spread on
+  one candidate only, its home: the candidate whose key ranks first for the prompt's first
+  ``coldSpreadHomeTokens`` tokens (256, ≥ 1; the block hash there, or the last full block's of a shorter prompt)
+  by rendezvous hashing. Every picker computes the same home for the same prefix without telling each other, so
+  routers that cannot exchange placements (separate gateways or clusters in front of one pool, replicas without
+  the peer exchange of docs/ha.md) send a system prompt or a conversation each routed alone to the same server
+  rather than each to its own least placed one. It gives up the spread's balance: homes fall where the hash puts
+  them (a ``maxLoadFactor`` cap still takes a server past it out), and where each conversation stays with one
+  router anyway that costs more than it saves (docs/scheduling.md, "Tried in a third session of 2026-12-06";
+  off in picker's default). The large-pool pre-filter keeps the home among the candidates it scores.
 * ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance,
   after SGLang's cache-aware router (which routes on load alone once max n - min n > abs and max n > rel * min n).
   Here it is the endpoint, not the pool, that is tested: with n_e as for the cap and m the least n among the
@@ -114,6 +124,7 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import ClassVar, Literal, NamedTuple
 
+import xxhash
 from pydantic import Field, field_validator
 
 from picker.plugins import (
@@ -186,6 +197,8 @@ class Params(PluginParams):
     cold_spread_placed_when_full: bool = False
     cold_spread_lora_fit: bool = False
     cold_spread_debt_limit: float = Field(default=0.0, ge=0.0)
+    cold_spread_home: bool = False
+    cold_spread_home_tokens: int = Field(default=256, ge=1)
     balance_abs_threshold: float = Field(default=0.0, ge=0.0)
     balance_rel_threshold: float = Field(default=1.1, ge=1.0)
 
@@ -269,6 +282,7 @@ class PrefixCacheScorer:
         # cold prompts: assumed whole until the servers' reports show otherwise (~100 cold prompts).
         self._queued_share = RecentShare()
         self._foreign_share = RecentShare(start=1.0)
+        self._key_hashes: dict[str, int] = {}  # endpoint key -> its hash (``coldSpreadHome``)
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -288,7 +302,11 @@ class PrefixCacheScorer:
         if match.cold:
             if params.cold_spread <= 0.0:
                 return ScoreVector.constant(endpoints, 0.0)
-            scores = self._spread(endpoints, match)
+            home = self.cold_home(req, endpoints, cycle)
+            if home is not None:
+                scores = [params.cold_spread if e.key == home else 0.0 for e in endpoints]
+            else:
+                scores = self._spread(endpoints, match)
             if params.cold_spread_lora_fit:
                 _spread_where_adapter_fits(req.lora_adapter, endpoints, scores)
         else:
@@ -333,6 +351,24 @@ class PrefixCacheScorer:
         cycle[self._holders_key] = (blocks, held)
         return held
 
+    def cold_home(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> str | None:
+        """``coldSpreadHome``: the key of the candidate a cold prompt's spread goes to alone; None when the option
+        is off, the prompt is shorter than ``coldSpreadSpeedMaxTokens`` or some candidate holds a block of it."""
+        params = self.params
+        if not params.cold_spread_home or params.cold_spread <= 0.0 or not endpoints:
+            return None
+        held = self.prefix_holders(req, endpoints, cycle)
+        if held and any(e.key in held for e in endpoints):
+            return None
+        if self.tokens.prompt_tokens(req) < params.cold_spread_speed_max_tokens:
+            return None
+        hashes: tuple[int, ...] = cycle[self._state_key].hashes
+        if not hashes:
+            return None
+        block_tokens = self._block_sizes(endpoints[0])[0]
+        anchor = hashes[min(len(hashes), -(-params.cold_spread_home_tokens // block_tokens)) - 1]
+        return rendezvous_home(anchor, endpoints, self._key_hashes)
+
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
         if not result.targets:
             return
@@ -368,6 +404,8 @@ class PrefixCacheScorer:
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         self.index.retain(keys)
+        for key in self._key_hashes.keys() - keys:
+            del self._key_hashes[key]
         if self._placed is not None:
             self._placed.retain(keys)
 
@@ -509,6 +547,29 @@ class PrefixCacheScorer:
         blocks = _Blocks(block_bytes, hashes, size)
         cycle[self._state_key] = blocks
         return blocks
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def rendezvous_home(anchor: int, endpoints: Sequence[Endpoint], key_hashes: dict[str, int]) -> str:
+    """The key of the endpoint ranking first for ``anchor`` by rendezvous (highest random weight) hashing: the
+    same for every router that sees the same keys, and unchanged for a prefix whose home stays in the pool when
+    other endpoints come or go. ``key_hashes`` caches each key's hash."""
+    best_key, best = "", -1
+    for e in endpoints:
+        key = e.key
+        h = key_hashes.get(key)
+        if h is None:
+            h = key_hashes[key] = xxhash.xxh64_intdigest(key.encode())
+        # splitmix64's finalizer over anchor ^ key: a full 64-bit mix, so neighbouring keys rank independently.
+        z = ((anchor ^ h) + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z ^= z >> 31
+        if z > best or (z == best and key < best_key):
+            best_key, best = key, z
+    return best_key
 
 
 def _spread_where_adapter_fits(adapter: str, endpoints: Sequence[Endpoint], scores: list[float]) -> None:

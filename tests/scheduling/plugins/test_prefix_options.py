@@ -510,3 +510,78 @@ def test_hot_prefix_cap_also_keeps_the_cold_spread_off_a_server_past_it() -> Non
     c.inflight.acquire(E3, 1, 0.0)
     # Σn + 1 = 3 over 3: cap max(ceil(1.25), 2) = 2; E3 would have 3.
     assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.0, E3: 0.0}
+
+
+POOL = [endpoint(i) for i in range(1, 9)]
+
+
+def _homes(scorer: prefix.PrefixCacheScorer, prompts: list[str], pool: list[Endpoint] = POOL) -> list[str]:
+    """Where each cold prompt's spread goes (its best score; the first in pool order among equals), each prompt
+    placed there after scoring. With coldSpreadHome one endpoint alone scores it."""
+    out = []
+    for text in prompts:
+        scores = by_key(scorer.score(request(prompt=text), pool, CycleState()))
+        home = max(scores, key=scores.__getitem__)
+        if scorer.params.cold_spread_home:
+            assert scores[home] == 1.0
+            assert sum(scores.values()) == 1.0
+        out.append(home)
+        _learn(scorer, request(prompt=text), next(e for e in pool if e.key == home))
+    return out
+
+
+def test_cold_spread_home_sends_a_prefix_to_the_same_server_whatever_each_router_placed_before() -> None:
+    # Two routers that cannot tell each other where they sent what (separate gateways, replicas without the
+    # peer exchange): each has placed other prompts on its own servers, so their spreads pick different
+    # servers for the same new system prompt; with a home both pick the same, from the prompt alone.
+    new = [f"{g:04d}" * (BLOCK * 10 // 4) for g in range(40)]  # 640 tokens each, no shared block
+    routers = {}
+    for home in (False, True):
+        a, b = (_scorer(coldSpread=1.0, coldSpreadHome=home) for _ in range(2))
+        for i, e in enumerate(POOL[:4]):
+            _learn(a, request(prompt=f"a{i}" * (BLOCK * 8)), e)
+        for i, e in enumerate(POOL[4:]):
+            _learn(b, request(prompt=f"b{i}" * (BLOCK * 8)), e)
+        routers[home] = (_homes(a, new), _homes(b, new))
+    spread_a, spread_b = routers[False]
+    assert sum(x == y for x, y in zip(spread_a, spread_b, strict=True)) < 10
+    home_a, home_b = routers[True]
+    assert home_a == home_b
+    # Spread over the pool by the hash (40 prefixes over 8 servers), not all onto one.
+    assert len(set(home_a)) == len(POOL)
+    assert max(home_a.count(k) for k in set(home_a)) <= 12
+
+
+def test_cold_spread_home_is_keyed_on_the_prompts_first_tokens_and_kept_when_others_leave() -> None:
+    scorer = _scorer(coldSpread=1.0, coldSpreadHome=True, coldSpreadHomeTokens=64)  # 4 blocks of 16 tokens
+    system = "s" * (BLOCK * 4)
+    questions = [system + f"{q:03d}?" * 40 for q in range(12)]  # same first 64 tokens, different questions
+    homes = {_homes(_scorer(coldSpread=1.0, coldSpreadHome=True, coldSpreadHomeTokens=64), [q])[0] for q in questions}
+    assert len(homes) == 1
+    (home,) = homes
+    # Rendezvous: another server leaving (or joining) does not move a home that stays.
+    rest = [e for e in POOL if e.key == home] + [e for e in POOL if e.key != home][:3]
+    assert _homes(scorer, questions[:1], rest) == [home]
+    # Prompts that differ within the first 64 tokens are homed independently (all eight servers over 40).
+    other = {_homes(_scorer(coldSpread=1.0, coldSpreadHome=True), [f"{g:04d}" * 100])[0] for g in range(40)}
+    assert len(other) == len(POOL)
+
+
+def test_cold_spread_home_leaves_short_prompts_warm_prompts_and_the_cap_alone() -> None:
+    c = ctx()
+    scorer = _scorer(c, coldSpread=1.0, coldSpreadHome=True, maxLoadFactor=1.25, loadCapFloor=1)
+    short = request(prompt="c" * 100)  # 25 tokens: under coldSpreadSpeedMaxTokens, spread over all as before
+    assert set(by_key(scorer.score(short, POOL, CycleState())).values()) == {1.0}
+    long = request(prompt="d" * (BLOCK * 8))
+    (home,) = (k for k, v in by_key(scorer.score(long, POOL, CycleState())).items() if v == 1.0)
+    home_ep = next(e for e in POOL if e.key == home)
+    c.inflight.acquire(home, 1, 0.0)
+    c.inflight.acquire(home, 1, 0.0)  # past the cap: no spread anywhere, the load scorers decide
+    assert set(by_key(scorer.score(long, POOL, CycleState())).values()) == {0.0}
+    elsewhere = next(e for e in POOL if e.key != home)
+    _learn(scorer, long, elsewhere)  # warm now: scored by what each server holds, the home is no longer asked
+    assert by_key(scorer.score(long, POOL, CycleState()))[elsewhere.key] > 0.0
+    assert scorer.cold_home(long, POOL, CycleState()) is None
+    assert by_key(scorer.score(long, POOL, CycleState()))[home_ep.key] == 0.0
+    with pytest.raises(ValidationError):
+        prefix.Params(coldSpreadHomeTokens=0)
