@@ -567,7 +567,7 @@ def test_cold_spread_home_is_keyed_on_the_prompts_first_tokens_and_kept_when_oth
     assert len(other) == len(POOL)
 
 
-def test_cold_spread_home_leaves_short_prompts_warm_prompts_and_the_cap_alone() -> None:
+def test_cold_spread_home_skips_short_and_warm_prompts_and_keeps_the_cap() -> None:
     c = ctx()
     scorer = _scorer(c, coldSpread=1.0, coldSpreadHome=True, maxLoadFactor=1.25, loadCapFloor=1)
     short = request(prompt="c" * 100)  # 25 tokens: under coldSpreadSpeedMaxTokens, spread over all as before
