@@ -52,6 +52,9 @@ class ColdHome(Protocol):
     """A prefix plugin that sends a cold prompt to one home endpoint (``prefix-cache-scorer`` with
     ``coldSpreadHome``): the pre-filter keeps that endpoint."""
 
+    @property
+    def gives_homes(self) -> bool: ...
+
     def cold_home(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> str | None: ...
 
 
@@ -62,7 +65,7 @@ class Prefilter:
         self.k = k
         self._ctx = ctx
         self._holders = tuple(holders)
-        self._homes = tuple(h for h in self._holders if isinstance(h, ColdHome))
+        self._homes = tuple(h for h in self._holders if isinstance(h, ColdHome) and h.gives_homes)
         fast = native.module
         self._table = fast.LoadTable() if fast is not None else None
 

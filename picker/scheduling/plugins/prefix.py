@@ -285,7 +285,6 @@ class PrefixCacheScorer:
         # cold prompts: assumed whole until the servers' reports show otherwise (~100 cold prompts).
         self._queued_share = RecentShare()
         self._foreign_share = RecentShare(start=1.0)
-        self._key_hashes: dict[str, int] = {}  # endpoint key -> its hash (``coldSpreadHome``)
         # The deprecated character block size applies only when blockSizeTokens was not set explicitly.
         self._legacy_block_bytes = (
             params.block_size if params.block_size and "block_size_tokens" not in params.model_fields_set else None
@@ -305,7 +304,7 @@ class PrefixCacheScorer:
         if match.cold:
             if params.cold_spread <= 0.0:
                 return ScoreVector.constant(endpoints, 0.0)
-            home = self.cold_home(req, endpoints, cycle)
+            home = self._home(req, endpoints, cycle) if self.gives_homes else None
             if home is not None:
                 scores = [params.cold_spread if e.key == home else 0.0 for e in endpoints]
             else:
@@ -354,15 +353,24 @@ class PrefixCacheScorer:
         cycle[self._holders_key] = (blocks, held)
         return held
 
+    @property
+    def gives_homes(self) -> bool:
+        """Whether cold prompts go to a home (``coldSpreadHome`` with a spread to give)."""
+        return self.params.cold_spread_home and self.params.cold_spread > 0.0
+
     def cold_home(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> str | None:
         """``coldSpreadHome``: the key of the candidate a cold prompt's spread goes to alone; None when the option
-        is off, the prompt is shorter than ``coldSpreadSpeedMaxTokens`` or some candidate holds a block of it."""
-        params = self.params
-        if not params.cold_spread_home or params.cold_spread <= 0.0 or not endpoints:
+        is off, some candidate holds a block of the prompt or it is shorter than ``coldSpreadSpeedMaxTokens``."""
+        if not self.gives_homes or not endpoints:
             return None
         held = self.prefix_holders(req, endpoints, cycle)
         if held and any(e.key in held for e in endpoints):
             return None
+        return self._home(req, endpoints, cycle)
+
+    def _home(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> str | None:
+        """``cold_home`` for a prompt already known cold among ``endpoints`` (its blocks are in ``cycle``)."""
+        params = self.params
         if self.tokens.prompt_tokens(req) < params.cold_spread_speed_max_tokens:
             return None
         hashes: tuple[int, ...] = cycle[self._state_key].hashes
@@ -374,7 +382,7 @@ class PrefixCacheScorer:
         if fast is not None:
             home: str = fast.rendezvous(anchor, endpoints)
             return home
-        return rendezvous_home(anchor, endpoints, self._key_hashes)
+        return rendezvous_home(anchor, endpoints)
 
     def pre_request(self, req: InferenceRequest, result: SchedulingResult) -> None:
         if not result.targets:
@@ -411,8 +419,6 @@ class PrefixCacheScorer:
 
     def endpoints_changed(self, keys: frozenset[str]) -> None:
         self.index.retain(keys)
-        for key in self._key_hashes.keys() - keys:
-            del self._key_hashes[key]
         if self._placed is not None:
             self._placed.retain(keys)
 
@@ -559,16 +565,14 @@ class PrefixCacheScorer:
 _MASK64 = (1 << 64) - 1
 
 
-def rendezvous_home(anchor: int, endpoints: Sequence[Endpoint], key_hashes: dict[str, int]) -> str:
+def rendezvous_home(anchor: int, endpoints: Sequence[Endpoint]) -> str:
     """The key of the endpoint ranking first for ``anchor`` by rendezvous (highest random weight) hashing: the
     same for every router that sees the same keys, and unchanged for a prefix whose home stays in the pool when
-    other endpoints come or go. ``key_hashes`` caches each key's hash. The C twin is ``_native.rendezvous``."""
+    other endpoints come or go. The C twin is ``_native.rendezvous`` (the one that serves when built)."""
     best_key, best = "", -1
     for e in endpoints:
         key = e.key
-        h = key_hashes.get(key)
-        if h is None:
-            h = key_hashes[key] = xxhash.xxh64_intdigest(key.encode())
+        h = xxhash.xxh64_intdigest(key.encode())
         # splitmix64's finalizer over anchor ^ key: a full 64-bit mix, so neighbouring keys rank independently.
         z = ((anchor ^ h) + 0x9E3779B97F4A7C15) & _MASK64
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

@@ -387,9 +387,9 @@ def test_rendezvous_equals_the_python_ranking_on_random_pools() -> None:
         anchor = rng.getrandbits(64)
         candidates = rng.sample(pool + named, rng.randrange(1, 60))
         home = native.rendezvous(anchor, candidates)
-        assert home == prefix.rendezvous_home(anchor, candidates, {})
+        assert home == prefix.rendezvous_home(anchor, candidates)
         homes.add(home)
     assert len(homes) > 100  # the anchors spread over the pool
-    assert native.rendezvous(1, []) == prefix.rendezvous_home(1, [], {}) == ""
+    assert native.rendezvous(1, []) == prefix.rendezvous_home(1, []) == ""
     with pytest.raises(OverflowError):
         native.rendezvous(-1, pool)
