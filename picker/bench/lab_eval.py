@@ -4,6 +4,7 @@ pools of production (the lab report).
     picker bench lab-eval --json lab-eval.json --png docs/img/lab-eval.png --markdown lab-eval.md
     picker bench lab-eval --quick                                                # a small version (tests)
     picker bench lab-eval --jobs 2 --cache runs --seeds 0,1,2                    # the count on the mean of 3 seeds
+    picker bench lab-eval --jobs 2 --seeds 0-9 --settle-seeds 30                 # undecided points at 30 seeds
     picker bench lab-eval --workloads shared-prefix --scenarios plain --config candidate.yaml   # a candidate
 
 Four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines, under seven scenarios
@@ -25,6 +26,8 @@ several seeds each point also says at how many seeds picker was more than 2 % be
 mean, and, from 5 seeds, the 95 % bootstrap interval of the ratio (the seeds resampled 2,000 times, each keeping
 both policies' runs): a point outside 2 % whose interval still reaches the line is ``undecided`` (another draw of
 seeds could put it within), one whose interval lies wholly below is ``no``. The count stays the mean's.
+``--settle-seeds N`` then runs every policy again at the points whose interval reaches across the 2 % line (on
+either side of it), at further seeds until each has ``N``, and takes their ratios over all of them.
 The numbers and what they mean are in docs/performance.md ("Scheduling: policy lab") and docs/scheduling.md.
 """
 
@@ -292,6 +295,48 @@ def _source_digest(package: Path) -> str:
     return digest.hexdigest()
 
 
+Point = tuple[str, str, float, str]  # workload, scenario, rate, policy
+
+
+def run_points(
+    tasks: Sequence[tuple[Point, int]],
+    *,
+    requests: int,
+    jobs: int = 1,
+    log: Callable[[str], None] = print,
+    cache: RunCache | None = None,
+) -> dict[tuple[Point, int], lab_report.Row]:
+    """Each (point, seed) of ``tasks`` run once: from ``cache`` where it holds the run, else in ``jobs``
+    processes (one pool for all of them, so no seed waits for another's slowest run)."""
+    found: dict[tuple[Point, int], lab_report.Row] = {}
+
+    def done(task: tuple[Point, int], row: lab_report.Row, wall_s: float) -> None:
+        found[task] = row
+        point, seed = task
+        if cache is not None:
+            cache.put(point, requests, seed, row)
+        log(f"  {point[1]} {point[0]} {point[2]:g} req/s {point[3]} seed {seed}: wall {wall_s:.1f} s")
+
+    todo = []
+    for task in dict.fromkeys(tasks):
+        kept = cache.get(task[0], requests, task[1]) if cache is not None else None
+        if kept is None:
+            todo.append(task)
+        else:
+            found[task] = kept
+    if cache is not None:
+        log(f"  {len(found)} of {len(found) + len(todo)} runs from the cache {cache.directory}")
+    if jobs <= 1:
+        for task in todo:
+            done(task, *_run_point(*task[0], requests, task[1]))
+    else:
+        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+            futures = {pool.submit(_run_point, *task[0], requests, task[1]): task for task in todo}
+            for future in concurrent.futures.as_completed(futures):
+                done(futures[future], *future.result())
+    return found
+
+
 def evaluate(
     workloads: Sequence[EvalWorkload],
     policies: Sequence[str],
@@ -308,6 +353,26 @@ def evaluate(
     """Every policy on every workload, under every scenario, at each rate of its ladder (those in ``rates``
     when given); rows per (scenario, workload) that has a rate, in rate then policy order. ``jobs`` > 1 runs
     them in that many processes; ``cache`` supplies the runs it holds and keeps the new ones."""
+    return evaluate_seeds(
+        workloads, policies, seeds=(seed,), requests=requests, quick=quick, scenarios=scenarios, jobs=jobs,
+        log=log, cache=cache, rates=rates,
+    )[seed]  # fmt: skip
+
+
+def evaluate_seeds(
+    workloads: Sequence[EvalWorkload],
+    policies: Sequence[str],
+    *,
+    seeds: Sequence[int],
+    requests: int,
+    quick: bool = False,
+    scenarios: Sequence[str] = (PLAIN,),
+    jobs: int = 1,
+    log: Callable[[str], None] = print,
+    cache: RunCache | None = None,
+    rates: Collection[float] | None = None,
+) -> dict[int, dict[tuple[str, str], list[lab_report.Row]]]:
+    """``evaluate`` at each of ``seeds``, every run in one pool."""
     points = [
         (w.name, sc, rate, policy)
         for sc in scenarios
@@ -315,35 +380,63 @@ def evaluate(
         for rate in rates_for(w, sc, quick=quick, only=rates)
         for policy in policies
     ]
-    found: dict[tuple[str, str, float, str], lab_report.Row] = {}
-
-    def done(point: tuple[str, str, float, str], row: lab_report.Row, wall_s: float) -> None:
-        found[point] = row
-        if cache is not None:
-            cache.put(point, requests, seed, row)
-        log(f"  {point[1]} {point[0]} {point[2]:g} req/s {point[3]}: wall {wall_s:.1f} s")
-
-    todo = []
-    for point in points:
-        kept = cache.get(point, requests, seed) if cache is not None else None
-        if kept is None:
-            todo.append(point)
-        else:
-            found[point] = kept
-    if cache is not None:
-        log(f"  {len(points) - len(todo)} of {len(points)} runs from the cache {cache.directory}")
-    if jobs <= 1:
-        for point in todo:
-            done(point, *_run_point(*point, requests, seed))
-    else:
-        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-            futures = {pool.submit(_run_point, *point, requests, seed): point for point in todo}
-            for future in concurrent.futures.as_completed(futures):
-                done(futures[future], *future.result())
-    out: dict[tuple[str, str], list[lab_report.Row]] = {}
-    for point in points:
-        out.setdefault((point[1], point[0]), []).append(found[point])
+    found = run_points([(p, s) for s in seeds for p in points], requests=requests, jobs=jobs, log=log, cache=cache)
+    out: dict[int, dict[tuple[str, str], list[lab_report.Row]]] = {}
+    for seed in seeds:
+        at = out[seed] = {}
+        for point in points:
+            at.setdefault((point[1], point[0]), []).append(found[(point, seed)])
     return out
+
+
+def straddling(ratio: Ratio) -> bool:
+    """Whether the seeds' 95 % interval of ``ratio`` reaches across the 2 % line: more seeds could move the
+    point to either side of it, whichever side its mean is on now."""
+    return ratio.interval is not None and ratio.interval[0] < 1 / WITHIN <= ratio.interval[1]
+
+
+def further_seeds(seeds: Collection[int], total: int) -> list[int]:
+    """The lowest seeds not in ``seeds`` that bring them to ``total``."""
+    out: list[int] = []
+    candidate = 0
+    while len(seeds) + len(out) < total:
+        if candidate not in seeds:
+            out.append(candidate)
+        candidate += 1
+    return out
+
+
+def settle(
+    unsettled: Sequence[Ratio],
+    by_seed: Mapping[int, Results],
+    policies: Sequence[str],
+    *,
+    total: int,
+    requests: int,
+    focus: str = PICKER,
+    jobs: int = 1,
+    log: Callable[[str], None] = print,
+    cache: RunCache | None = None,
+) -> tuple[list[Ratio], dict[int, Results]]:
+    """``unsettled`` (ratios over the seeds of ``by_seed``) again over ``total`` seeds: every policy run at each
+    of their points at the seeds ``further_seeds`` adds. Returns the new ratios, in the same order, and the
+    added seeds' rows (only these points')."""
+    extra = further_seeds(list(by_seed), total)
+    points = [(r.workload, r.scenario, r.rate, p) for r in unsettled for p in policies]
+    found = run_points([(p, s) for s in extra for p in points], requests=requests, jobs=jobs, log=log, cache=cache)
+    added: dict[int, Results] = {s: {} for s in extra}
+    for seed in extra:
+        for point in points:
+            added[seed].setdefault((point[1], point[0]), []).append(found[(point, seed)])
+    out = []
+    for r in unsettled:
+        at_rate = [
+            [row for row in results[(r.scenario, r.workload)] if row.rate == r.rate]
+            for results in (*by_seed.values(), *added.values())
+        ]
+        [again] = mean_ratios(r.workload, at_rate, picker=focus, scenario=r.scenario)
+        out.append(again)
+    return out, added
 
 
 def ratios(name: str, rows: Sequence[lab_report.Row], picker: str = PICKER, scenario: str = PLAIN) -> list[Ratio]:
@@ -531,6 +624,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         " over them (default: --seed)",
     )
     parser.add_argument(
+        "--settle-seeds",
+        type=int,
+        metavar="N",
+        help="then run the points whose 95 %% interval over --seeds reaches across the 2 %% line (on either side)"
+        " at further seeds, up to N in all, and take their ratios over all N (needs --seeds with at least"
+        f" {MIN_SEEDS_FOR_INTERVAL})",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: one per core)"
     )
     parser.add_argument("--json", type=Path, help="write every run's summary and the ratios")
@@ -563,6 +664,11 @@ def run(args: argparse.Namespace) -> int:
             if args.seeds is not None
             else [args.seed]
         )
+        if args.settle_seeds is not None and not MIN_SEEDS_FOR_INTERVAL <= len(seeds) < args.settle_seeds:
+            raise ValueError(
+                f"--settle-seeds {args.settle_seeds}: needs at least {MIN_SEEDS_FOR_INTERVAL} --seeds, and more"
+                " than --seeds gives"
+            )
         only = set(flags.numbers(args.rates, "--rates", float, above=0)) if args.rates is not None else None
         workloads = [EVAL_WORKLOADS[n] for n in names]
         if only is not None and not any(
@@ -574,20 +680,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     started = time.perf_counter()
     try:
-        by_seed = {
-            seed: evaluate(
-                workloads,
-                policies,
-                requests=requests,
-                seed=seed,
-                quick=args.quick,
-                scenarios=scenarios,
-                jobs=args.jobs,
-                cache=cache,
-                rates=only,
-            )
-            for seed in seeds
-        }
+        by_seed = evaluate_seeds(
+            workloads,
+            policies,
+            seeds=seeds,
+            requests=requests,
+            quick=args.quick,
+            scenarios=scenarios,
+            jobs=args.jobs,
+            cache=cache,
+            rates=only,
+        )
     except (ValueError, OSError, errors.ConfigError) as exc:
         print(f"picker bench lab-eval: {exc}", file=sys.stderr)
         return 2
@@ -606,9 +709,25 @@ def run(args: argparse.Namespace) -> int:
                 seed_ratios[seed] += ratios(w.name, by_seed[seed][(sc, w.name)], picker=args.focus, scenario=sc)
             runs_per_seed = [by_seed[seed][(sc, w.name)] for seed in seeds]
             all_ratios += mean_ratios(w.name, runs_per_seed, picker=args.focus, scenario=sc)
+    added: dict[int, Results] = {}
+    settled: list[Ratio] = []
+    unsettled = [r for r in all_ratios if straddling(r)]
+    if args.settle_seeds is not None and unsettled:
+        print(
+            f"\nsettling {len(unsettled)} point(s) whose interval reaches across the 2 % line over seeds"
+            f" {seed_text(seeds)}: every policy at {args.settle_seeds - len(seeds)} further seeds"
+        )
+        settled, added = settle(
+            unsettled, by_seed, policies, total=args.settle_seeds, requests=requests, focus=args.focus,
+            jobs=args.jobs, cache=cache,
+        )  # fmt: skip
+        again = {(r.scenario, r.workload, r.rate): r for r in settled}
+        all_ratios = [again.get((r.scenario, r.workload, r.rate), r) for r in all_ratios]
     _print_ratios(all_ratios, seed_ratios)
+    if added:
+        print(f"({len(settled)} point(s) settled: their ratios are over seeds {seed_text([*seeds, *added])})")
     wall = time.perf_counter() - started
-    runs = sum(len(r) for results_ in by_seed.values() for r in results_.values())
+    runs = sum(len(r) for results_ in (*by_seed.values(), *added.values()) for r in results_.values())
     print(f"lab-eval: {runs} runs of {requests} requests in {wall:.0f} s wall ({args.jobs} jobs)")
     if args.json:
         doc = {
@@ -616,6 +735,8 @@ def run(args: argparse.Namespace) -> int:
                 "requests": requests,
                 "seed": seeds[0],
                 "seeds": seeds,
+                "settle_seeds": args.settle_seeds,
+                "settled": [{"scenario": r.scenario, "workload": r.workload, "rate": r.rate} for r in settled],
                 "engines": ENGINES,
                 "policies": policies,
                 "scenarios": {sc: SCENARIOS[sc].what for sc in scenarios},
@@ -633,9 +754,9 @@ def run(args: argparse.Namespace) -> int:
                     },
                     "runs": [
                         {"scenario": sc, "seed": seed, **_run_json(r)}
-                        for seed in seeds
+                        for seed, results_ in (*by_seed.items(), *added.items())
                         for sc in scenarios
-                        for r in by_seed[seed].get((sc, w.name), [])
+                        for r in results_.get((sc, w.name), [])
                     ],
                 }
                 for w in workloads
@@ -649,7 +770,7 @@ def run(args: argparse.Namespace) -> int:
         plot(results, args.png)
         print(f"wrote {args.png}")
     if args.markdown:
-        args.markdown.write_text(markdown(workloads, scenarios, results, all_ratios, seeds))
+        args.markdown.write_text(markdown(workloads, scenarios, results, all_ratios, seeds, added=list(added)))
         print(f"wrote {args.markdown}")
     return 0
 
@@ -660,6 +781,7 @@ def markdown(
     results: Results,
     rs: Sequence[Ratio],
     seeds: Sequence[int] = (0,),
+    added: Sequence[int] = (),
 ) -> str:
     """The plain scenario: per workload, p90 TTFT by policy and rate (with the throughput in brackets where a
     policy served less than 90 % of the offered rate). The other scenarios: one table per workload, a column per
@@ -667,7 +789,14 @@ def markdown(
     first seed's)."""
     out: list[str] = []
     if len(seeds) > 1:
-        out += [f"Tables: seed {seeds[0]}. Ratios: p90 averaged over seeds {', '.join(map(str, seeds))}.", ""]
+        settled = (
+            f" The points whose 95 % interval over them reached across the 2 % line, over seeds"
+            f" {seed_text([*seeds, *added])} (`--settle-seeds {len(seeds) + len(added)}`: 'seeds behind' counts"
+            f" out of {len(seeds) + len(added)})."
+            if added
+            else ""
+        )
+        out += [f"Tables: seed {seeds[0]}. Ratios: p90 averaged over seeds {seed_text(seeds)}.{settled}", ""]
     if PLAIN in scenarios:
         for w in workloads:
             ran = {row.rate for row in results.get((PLAIN, w.name), [])}
@@ -715,6 +844,20 @@ def _table(title: str, cols: Sequence[tuple[tuple[str, float], float]], results:
     return [*out, ""]
 
 
+def seed_text(seeds: Sequence[int]) -> str:
+    """``0-9, 12`` for 0, 1, ..., 9, 12: runs of consecutive seeds as ranges, in the given order."""
+    parts: list[str] = []
+    start = prev = None
+    for seed in [*seeds, None]:
+        if prev is not None and seed == prev + 1:
+            prev = seed
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = seed
+    return ", ".join(parts)
+
+
 def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
@@ -746,7 +889,7 @@ def _print_ratios(rows: Sequence[Ratio], by_seed: Mapping[int, Sequence[Ratio]])
     if not rows:
         return
     seeds = list(by_seed)
-    averaged = f" (p90 averaged over seeds {', '.join(map(str, seeds))})" if len(seeds) > 1 else ""
+    averaged = f" (p90 averaged over seeds {seed_text(seeds)})" if len(seeds) > 1 else ""
     print(f"\np90 TTFT of the focus policy{averaged}: vs the best other policy (>1 = focus lower) and vs round robin")
     spread = any(r.seeds is not None for r in rows)
     extra = f" {'behind':>7} {'95 % interval':>13}" if spread else ""

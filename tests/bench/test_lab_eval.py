@@ -160,7 +160,7 @@ def test_several_seeds_compare_the_mean_p90(tmp_path: Path, capsys: pytest.Captu
         seed_best = min(p90[(seed, "rr")], p90[(seed, "lc")])
         assert doc["within"][str(seed)] == [int(seed_best / p90[(seed, PICKER)] >= 1 / lab_eval.WITHIN), 1]
     assert f"{met} of 1 points on the mean p90" in text
-    assert "averaged over seeds 0, 1, 2" in md.read_text()
+    assert "averaged over seeds 0-2" in md.read_text()
     # Seed by seed, against the best on the mean; three seeds are too few for an interval.
     behind = sum(p90[(seed, PICKER)] > lab_eval.WITHIN * p90[(seed, best)] for seed in (0, 1, 2))
     assert (ratio["seeds_behind"], ratio["seeds"], ratio["interval"]) == (behind, 3, None)
@@ -234,3 +234,70 @@ def test_bad_seeds_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
     for seeds in ("0,x", "1,1", ",", "0-2,1", "3-1"):
         assert main(["bench", "lab-eval", "--quick", "--seeds", seeds]) == 2
         assert "--seeds" in capsys.readouterr().err
+
+
+def test_seed_lists_print_as_ranges() -> None:
+    assert lab_eval.seed_text([0, 1, 2, 3, 7, 9, 10]) == "0-3, 7, 9-10"
+    assert lab_eval.seed_text([4]) == "4"
+    assert lab_eval.seed_text([]) == ""
+    assert lab_eval.further_seeds([0, 1, 2, 5], 7) == [3, 4, 6]
+    assert lab_eval.further_seeds(range(10), 10) == []
+
+
+def test_a_point_is_unsettled_when_its_interval_reaches_across_the_line_on_either_side() -> None:
+    line = 1 / lab_eval.WITHIN
+    ahead_by_chance = _ratio([(0.85, 1.0), (1.1, 1.0), (0.9, 1.0), (1.05, 1.0), (0.9, 1.0), (0.95, 1.0)])
+    assert ahead_by_chance.lowest
+    behind_by_chance = _ratio([(1.3, 1.0), (0.95, 1.0), (1.2, 1.0), (0.95, 1.0), (0.9, 1.0), (0.9, 1.0)])
+    assert not lab_eval.within(behind_by_chance)
+    for ratio in (ahead_by_chance, behind_by_chance):
+        assert ratio.interval is not None
+        assert ratio.interval[0] < line <= ratio.interval[1]
+        assert lab_eval.straddling(ratio)
+    assert not lab_eval.straddling(_ratio([(0.9 + 0.01 * i, 1.0) for i in range(6)]))  # ahead at every draw
+    assert not lab_eval.straddling(_ratio([(1.05 + 0.01 * i, 1.0) for i in range(6)]))  # behind at every draw
+    assert not lab_eval.straddling(_ratio([(1.3, 1.0), (0.9, 1.0), (1.2, 1.0)]))  # too few seeds for an interval
+
+
+def test_settling_a_point_equals_running_it_at_every_seed_from_the_start() -> None:
+    workloads, policies = [EVAL_WORKLOADS["short-long"]], ["rr", "lc", PICKER]
+    quiet = {"requests": 60, "quick": True, "log": lambda _: None}
+    base = lab_eval.evaluate_seeds(workloads, policies, seeds=range(5), **quiet)  # type: ignore[arg-type]
+    [first] = lab_eval.mean_ratios("short-long", [base[s][("plain", "short-long")] for s in range(5)])
+    [settled], added = lab_eval.settle([first], base, policies, total=7, requests=60, log=lambda _: None)
+    assert list(added) == [5, 6]
+    whole = lab_eval.evaluate_seeds(workloads, policies, seeds=range(7), **quiet)  # type: ignore[arg-type]
+    [want] = lab_eval.mean_ratios("short-long", [whole[s][("plain", "short-long")] for s in range(7)])
+    assert settled == want
+    assert settled.seeds == 7
+    assert settled != first  # two more seeds moved the means
+
+
+def test_settle_seeds_runs_only_the_unsettled_points_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two points; whichever straddles is decided by the runs, so the test names one: multi-lora's.
+    monkeypatch.setattr(lab_eval, "straddling", lambda r: r.workload == "multi-lora")
+    out, md = tmp_path / "eval.json", tmp_path / "eval.md"
+    argv = ["bench", "lab-eval", "--quick", "--workloads", "short-long,multi-lora", "--scenarios", "plain"]
+    argv += ["--policies", f"rr,{PICKER}", "--requests", "60", "--seeds", "0-4", "--settle-seeds", "7", "--jobs", "1"]
+    assert main([*argv, "--json", str(out), "--markdown", str(md)]) == 0
+    text = capsys.readouterr().out
+    doc = orjson.loads(out.read_bytes())
+    assert doc["eval"]["settled"] == [{"scenario": "plain", "workload": "multi-lora", "rate": 10.0}]
+    seeds = {w: sorted({r["seed"] for r in v["runs"]}) for w, v in doc["workloads"].items()}
+    assert seeds == {"short-long": [0, 1, 2, 3, 4], "multi-lora": [0, 1, 2, 3, 4, 5, 6]}
+    by = {r["workload"]: r for r in doc["ratios"]}
+    assert (by["short-long"]["seeds"], by["multi-lora"]["seeds"]) == (5, 7)
+    p90 = {(r["seed"], r["policy"]): r["ttft_s"]["p90"] for r in doc["workloads"]["multi-lora"]["runs"]}
+    mean = {p: sum(p90[(s, p)] for s in range(7)) / 7 for p in ("rr", PICKER)}
+    assert by["multi-lora"]["vs_best"] == pytest.approx(mean["rr"] / mean[PICKER])
+    assert "settling 1 point(s)" in text
+    assert "their ratios are over seeds 0-6" in text
+    assert "over seeds 0-6 (`--settle-seeds 7`" in md.read_text()
+
+
+def test_settle_seeds_needs_enough_seeds_to_draw_an_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    for seeds, total in (("0-2", "10"), ("0-9", "10"), ("0-9", "5")):
+        assert main(["bench", "lab-eval", "--quick", "--seeds", seeds, "--settle-seeds", total]) == 2
+        assert "--settle-seeds" in capsys.readouterr().err
