@@ -71,10 +71,15 @@ __all__ = [
     "RunCache",
     "configure",
     "evaluate",
+    "further_seeds",
     "mean_ratios",
     "plot",
     "ratios",
     "run",
+    "run_points",
+    "seed_text",
+    "settle",
+    "straddling",
     "verdict",
     "within",
 ]
@@ -342,29 +347,7 @@ def evaluate(
     policies: Sequence[str],
     *,
     requests: int,
-    seed: int = 0,
-    quick: bool = False,
-    scenarios: Sequence[str] = (PLAIN,),
-    jobs: int = 1,
-    log: Callable[[str], None] = print,
-    cache: RunCache | None = None,
-    rates: Collection[float] | None = None,
-) -> dict[tuple[str, str], list[lab_report.Row]]:
-    """Every policy on every workload, under every scenario, at each rate of its ladder (those in ``rates``
-    when given); rows per (scenario, workload) that has a rate, in rate then policy order. ``jobs`` > 1 runs
-    them in that many processes; ``cache`` supplies the runs it holds and keeps the new ones."""
-    return evaluate_seeds(
-        workloads, policies, seeds=(seed,), requests=requests, quick=quick, scenarios=scenarios, jobs=jobs,
-        log=log, cache=cache, rates=rates,
-    )[seed]  # fmt: skip
-
-
-def evaluate_seeds(
-    workloads: Sequence[EvalWorkload],
-    policies: Sequence[str],
-    *,
-    seeds: Sequence[int],
-    requests: int,
+    seeds: Sequence[int] = (0,),
     quick: bool = False,
     scenarios: Sequence[str] = (PLAIN,),
     jobs: int = 1,
@@ -372,7 +355,10 @@ def evaluate_seeds(
     cache: RunCache | None = None,
     rates: Collection[float] | None = None,
 ) -> dict[int, dict[tuple[str, str], list[lab_report.Row]]]:
-    """``evaluate`` at each of ``seeds``, every run in one pool."""
+    """Every policy on every workload, under every scenario, at each rate of its ladder (those in ``rates``
+    when given), at each of ``seeds``: per seed, rows per (scenario, workload) that has a rate, in rate then
+    policy order. ``jobs`` > 1 runs them in that many processes (one pool for every seed); ``cache`` supplies
+    the runs it holds and keeps the new ones."""
     points = [
         (w.name, sc, rate, policy)
         for sc in scenarios
@@ -680,7 +666,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     started = time.perf_counter()
     try:
-        by_seed = evaluate_seeds(
+        by_seed = evaluate(
             workloads,
             policies,
             seeds=seeds,

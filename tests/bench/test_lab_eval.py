@@ -50,7 +50,7 @@ def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pyt
 def test_ratios_pick_the_best_other_policy_per_rate() -> None:
     rows = lab_eval.evaluate(
         [EVAL_WORKLOADS["shared-prefix"]], ["rr", "reference", PICKER], requests=60, quick=True, log=lambda _: None
-    )[("plain", "shared-prefix")]
+    )[0][("plain", "shared-prefix")]
     [ratio] = lab_eval.ratios("shared-prefix", rows)
     p90 = {r.label: r.summary.ttft_s.p90 for r in rows}
     best = min(("rr", "reference"), key=p90.__getitem__)
@@ -86,7 +86,7 @@ def test_the_run_cache_reuses_runs_until_an_input_changes(tmp_path: Path, monkey
 
     def evaluate(cache: lab_eval.RunCache) -> dict[str, float]:
         got = lab_eval.evaluate(workloads, policies, requests=60, quick=True, log=lambda _: None, cache=cache)
-        return _p90s(got[("plain", "short-long")])
+        return _p90s(got[0][("plain", "short-long")])
 
     first = evaluate(cache)
     assert sorted(ran) == sorted(policies)
@@ -262,11 +262,11 @@ def test_a_point_is_unsettled_when_its_interval_reaches_across_the_line_on_eithe
 def test_settling_a_point_equals_running_it_at_every_seed_from_the_start() -> None:
     workloads, policies = [EVAL_WORKLOADS["short-long"]], ["rr", "lc", PICKER]
     quiet = {"requests": 60, "quick": True, "log": lambda _: None}
-    base = lab_eval.evaluate_seeds(workloads, policies, seeds=range(5), **quiet)  # type: ignore[arg-type]
+    base = lab_eval.evaluate(workloads, policies, seeds=range(5), **quiet)  # type: ignore[arg-type]
     [first] = lab_eval.mean_ratios("short-long", [base[s][("plain", "short-long")] for s in range(5)])
     [settled], added = lab_eval.settle([first], base, policies, total=7, requests=60, log=lambda _: None)
     assert list(added) == [5, 6]
-    whole = lab_eval.evaluate_seeds(workloads, policies, seeds=range(7), **quiet)  # type: ignore[arg-type]
+    whole = lab_eval.evaluate(workloads, policies, seeds=range(7), **quiet)  # type: ignore[arg-type]
     [want] = lab_eval.mean_ratios("short-long", [whole[s][("plain", "short-long")] for s in range(7)])
     assert settled == want
     assert settled.seeds == 7
