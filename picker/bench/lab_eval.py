@@ -775,14 +775,14 @@ def markdown(
     first seed's)."""
     out: list[str] = []
     if len(seeds) > 1:
+        total = len(seeds) + len(added)
         settled = (
-            f" The points whose 95 % interval over them reached across the 2 % line, over seeds"
-            f" {seed_text([*seeds, *added])} (`--settle-seeds {len(seeds) + len(added)}`: 'seeds behind' counts"
-            f" out of {len(seeds) + len(added)})."
+            f", and over seeds {seed_text([*seeds, *added])} at the points whose 95 % interval over the first"
+            f" reached across the 2 % line (`--settle-seeds {total}`; their 'seeds behind' counts out of {total})"
             if added
             else ""
         )
-        out += [f"Tables: seed {seeds[0]}. Ratios: p90 averaged over seeds {seed_text(seeds)}.{settled}", ""]
+        out += [f"Tables: seed {seeds[0]}. Ratios: p90 averaged over seeds {seed_text(seeds)}{settled}.", ""]
     if PLAIN in scenarios:
         for w in workloads:
             ran = {row.rate for row in results.get((PLAIN, w.name), [])}

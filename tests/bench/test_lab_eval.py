@@ -294,7 +294,8 @@ def test_settle_seeds_runs_only_the_unsettled_points_again(
     assert by["multi-lora"]["vs_best"] == pytest.approx(mean["rr"] / mean[PICKER])
     assert "settling 1 point(s)" in text
     assert "their ratios are over seeds 0-6" in text
-    assert "over seeds 0-6 (`--settle-seeds 7`" in md.read_text()
+    assert "averaged over seeds 0-4, and over seeds 0-6 at the points" in md.read_text()
+    assert "(`--settle-seeds 7`; their 'seeds behind' counts out of 7)." in md.read_text()
 
 
 def test_settle_seeds_needs_enough_seeds_to_draw_an_interval(capsys: pytest.CaptureFixture[str]) -> None:
