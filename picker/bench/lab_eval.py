@@ -698,7 +698,9 @@ def run(args: argparse.Namespace) -> int:
     added: dict[int, Results] = {}
     settled: list[Ratio] = []
     unsettled = [r for r in all_ratios if straddling(r)]
-    if args.settle_seeds is not None and unsettled:
+    if args.settle_seeds is not None and not unsettled:
+        print(f"\nno point's interval reaches across the 2 % line over seeds {seed_text(seeds)}: nothing to settle")
+    elif args.settle_seeds is not None:
         print(
             f"\nsettling {len(unsettled)} point(s) whose interval reaches across the 2 % line over seeds"
             f" {seed_text(seeds)}: every policy at {args.settle_seeds - len(seeds)} further seeds"

@@ -298,6 +298,20 @@ def test_settle_seeds_runs_only_the_unsettled_points_again(
     assert "(`--settle-seeds 7`; their 'seeds behind' counts out of 7)." in md.read_text()
 
 
+def test_settle_seeds_with_nothing_unsettled_runs_nothing_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lab_eval, "straddling", lambda r: False)
+    out = tmp_path / "eval.json"
+    argv = ["bench", "lab-eval", "--quick", "--workloads", "short-long", "--scenarios", "plain", "--jobs", "1"]
+    argv += ["--policies", f"rr,{PICKER}", "--requests", "60", "--seeds", "0-4", "--settle-seeds", "7"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "nothing to settle" in capsys.readouterr().out
+    doc = orjson.loads(out.read_bytes())
+    assert doc["eval"]["settled"] == []
+    assert sorted({r["seed"] for r in doc["workloads"]["short-long"]["runs"]}) == [0, 1, 2, 3, 4]
+
+
 def test_settle_seeds_needs_enough_seeds_to_draw_an_interval(capsys: pytest.CaptureFixture[str]) -> None:
     for seeds, total in (("0-2", "10"), ("0-9", "10"), ("0-9", "5")):
         assert main(["bench", "lab-eval", "--quick", "--seeds", seeds, "--settle-seeds", total]) == 2
