@@ -3,6 +3,7 @@
     picker bench lab-ha                                  # the acceptance table of docs/ha.md (~3 min on 2 cores)
     picker bench lab-ha --delays-ms 1,5,20 --loss 0.1    # sensitivity to the exchange's delay, lost batches
     picker bench lab-ha --quick                          # small (tests)
+    picker bench lab-ha --config home.yaml               # another configuration (e.g. coldSpreadHome)
 
 For each workload and rate (shared-prefix at 40 and 160 req/s, multi-turn at 20 and 40: below and past the knee,
 as ``lab-eval``'s scenarios), picker's default on 8 simulated engines with 1 replica, and with 2 and 4 replicas
@@ -27,6 +28,7 @@ from typing import Literal
 
 import orjson
 
+from picker import errors
 from picker.bench import flags
 from picker.bench.lab import LabConfig, Scenario, poisson_schedule, run_lab
 from picker.bench.lab_eval import ENGINES, EVAL_WORKLOADS, PICKER
@@ -79,7 +81,7 @@ class HaRow:
 
 def _point(
     workload: str, rate: float, replicas: int, delay_ms: float | None, flush_ms: float, loss: float,
-    spread: Literal["rr", "random"], requests: int, seed: int,
+    spread: Literal["rr", "random"], requests: int, seed: int, policy: str = PICKER,
 ) -> HaRow:  # fmt: skip
     w = EVAL_WORKLOADS[workload]
     arrivals = poisson_schedule(w.make(seed), rate, requests, seed)
@@ -88,7 +90,7 @@ def _point(
         replicas=replicas, spread=spread, exchange=exchange, exchange_delay_s=(delay_ms or 0.0) / 1e3,
         exchange_flush_s=flush_ms / 1e3, exchange_loss=loss if exchange else 0.0,
     )  # fmt: skip
-    run_ = run_lab(LabConfig(w.engine, engines=ENGINES, seed=seed, scenario=scenario), PICKER, arrivals, rate=rate)
+    run_ = run_lab(LabConfig(w.engine, engines=ENGINES, seed=seed, scenario=scenario), policy, arrivals, rate=rate)
     s = summarize(run_.result)
     mode = "one" if replicas == 1 else (f"exchange {delay_ms:g} ms" if exchange else "independent")
     return HaRow(
@@ -108,15 +110,17 @@ def evaluate(
     requests: int = 1500,
     seed: int = 0,
     jobs: int = 1,
+    policy: str = PICKER,
 ) -> list[HaRow]:
-    """Every point with one replica, then each replica count independent and with each exchange delay."""
+    """Every point with one replica, then each replica count independent and with each exchange delay; every
+    replica runs ``policy`` (picker's default, or ``config:FILE``)."""
     todo: list[tuple[str, float, int, float | None]] = []
     for workload, rate in points:
         todo.append((workload, rate, 1, None))
         for n in replicas:
             todo.append((workload, rate, n, None))
             todo += [(workload, rate, n, d) for d in delays_ms]
-    args = [(*t, flush_ms, loss, spread, requests, seed) for t in todo]
+    args = [(*t, flush_ms, loss, spread, requests, seed, policy) for t in todo]
     if jobs <= 1:
         rows = [_point(*a) for a in args]
     else:
@@ -169,6 +173,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add(
         "--jobs", type=units.at_least(1), default=os.cpu_count() or 1, help="parallel processes (default: one per core)"
     )
+    add(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="run every replica with this EndpointPickerConfig instead of picker's default",
+    )
     add("--json", type=Path, help="write the rows")
 
 
@@ -177,16 +187,24 @@ def run(args: argparse.Namespace) -> int:
         replicas = flags.numbers(args.replicas, "--replicas", int, least=2)
         delays = flags.numbers(args.delays_ms, "--delays-ms", float, least=0)
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
+        if args.config is not None and not args.config.is_file():
+            raise ValueError(f"--config {args.config}: no such file")
     except ValueError as exc:
         print(f"picker bench lab-ha: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    rows = evaluate(
-        QUICK_POINTS if args.quick else POINTS, replicas=replicas, delays_ms=delays, flush_ms=args.flush_ms,
-        loss=args.loss, spread=args.spread, requests=requests, seed=args.seed, jobs=args.jobs,
-    )  # fmt: skip
+    policy = PICKER if args.config is None else f"config:{args.config}"
+    try:
+        rows = evaluate(
+            QUICK_POINTS if args.quick else POINTS, replicas=replicas, delays_ms=delays, flush_ms=args.flush_ms,
+            loss=args.loss, spread=args.spread, requests=requests, seed=args.seed, jobs=args.jobs, policy=policy,
+        )  # fmt: skip
+    except errors.ConfigError as exc:
+        print(f"picker bench lab-ha: {exc}", file=sys.stderr)
+        return 2
+    what = "picker's default" if args.config is None else f"picker with {args.config}"
     print(
-        f"picker's default on {ENGINES} simulated h100-8b engines, {requests} requests per run, seed {args.seed}; "
+        f"{what} on {ENGINES} simulated h100-8b engines, {requests} requests per run, seed {args.seed}; "
         f"gateway spread {args.spread}; exchange flush {args.flush_ms:g} ms, loss {args.loss:.0%}"
     )
     print(table(rows, args.tolerance))

@@ -11,6 +11,7 @@ from picker.bench.lab import LabConfig, LabRun, Scenario, poisson_schedule, run_
 from picker.bench.lab_eval import EVAL_WORKLOADS
 from picker.bench.report import summarize
 from picker.cli import main
+from picker.scheduling.config import DEFAULT_CONFIG_TEXT
 
 
 def run(scenario: Scenario, n: int = 500, rate: float = 160.0) -> LabRun:
@@ -61,3 +62,25 @@ def test_cli_prints_the_acceptance_table(tmp_path: Path, capsys: pytest.CaptureF
     assert rows[0]["p90_vs_one"] == 1.0
     assert rows[2]["exchange_bytes"] > 0
     assert main(["bench", "lab-ha", "--replicas", "1"]) == 2
+
+
+def test_config_runs_every_replica_with_that_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Four independent replicas on shared prefixes: with coldSpreadHome each prefix has one home whichever replica
+    # sees it first, so the pool hits the cache more than with the default (docs/scheduling.md).
+    home = tmp_path / "home.yaml"
+    home.write_text(
+        DEFAULT_CONFIG_TEXT.replace("coldSpreadDebtLimit: 1", "coldSpreadDebtLimit: 1\n    coldSpreadHome: true")
+    )
+    argv = ["bench", "lab-ha", "--quick", "--requests", "400", "--replicas", "4", "--jobs", "1"]
+    hit: dict[str, float] = {}
+    for name, extra in (("default", []), ("home", ["--config", str(home)])):
+        out = tmp_path / f"{name}.json"
+        assert main([*argv, *extra, "--json", str(out)]) == 0
+        rows = orjson.loads(out.read_bytes())
+        hit[name] = next(r["hit_share"] for r in rows if r["mode"] == "independent")
+    assert f"picker with {home}" in capsys.readouterr().out
+    assert hit["home"] > hit["default"]
+    assert main([*argv, "--config", str(tmp_path / "absent.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    home.write_text("plugins: [")
+    assert main([*argv, "--config", str(home)]) == 2
