@@ -11,7 +11,6 @@ from picker.bench.lab import LabConfig, LabRun, Scenario, poisson_schedule, run_
 from picker.bench.lab_eval import EVAL_WORKLOADS
 from picker.bench.report import summarize
 from picker.cli import main
-from picker.scheduling.config import DEFAULT_CONFIG_TEXT
 
 
 def run(scenario: Scenario, n: int = 500, rate: float = 160.0) -> LabRun:
@@ -64,13 +63,12 @@ def test_cli_prints_the_acceptance_table(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["bench", "lab-ha", "--replicas", "1"]) == 2
 
 
-def test_config_runs_every_replica_with_that_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_runs_every_replica_with_that_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], home_config: Path
+) -> None:
     # Four independent replicas on shared prefixes: with coldSpreadHome each prefix has one home whichever replica
     # sees it first, so the pool hits the cache more than with the default (docs/scheduling.md).
-    home = tmp_path / "home.yaml"
-    home.write_text(
-        DEFAULT_CONFIG_TEXT.replace("coldSpreadDebtLimit: 1", "coldSpreadDebtLimit: 1\n    coldSpreadHome: true")
-    )
+    home = home_config
     argv = ["bench", "lab-ha", "--quick", "--requests", "400", "--replicas", "4", "--jobs", "1"]
     hit: dict[str, float] = {}
     for name, extra in (("default", []), ("home", ["--config", str(home)])):

@@ -14,7 +14,6 @@ from picker.bench.policies import Pick, RoundRobin
 from picker.bench.report import summarize
 from picker.endpoints.model import Endpoint
 from picker.request.model import InferenceRequest
-from picker.scheduling.config import DEFAULT_CONFIG_TEXT
 from picker.scheduling.framework import PluginContext
 from picker.sim.config import preset
 
@@ -173,14 +172,11 @@ def test_pickers_default_takes_a_recovered_server_back_without_flooding_it() -> 
     assert p90["picker"] < 1.1 * p90["lc"], p90
 
 
-def test_cold_spread_home_puts_each_prefix_on_one_server_across_independent_routers(tmp_path: Path) -> None:
+def test_cold_spread_home_puts_each_prefix_on_one_server_across_independent_routers(home_config: Path) -> None:
     # Four routers that do not tell each other where they sent what: with picker's default each places a new
     # system prompt on its own least placed server, so a prefix gets a home per router; with coldSpreadHome
     # every router computes the same home for it.
-    config = tmp_path / "home.yaml"
-    config.write_text(
-        DEFAULT_CONFIG_TEXT.replace("coldSpreadDebtLimit: 1", "coldSpreadDebtLimit: 1\n    coldSpreadHome: true")
-    )
+    config = home_config
     lab = LabConfig(ENGINE, engines=4, scenario=Scenario(replicas=4))
     arrivals = shared_prefix(240, 20.0)
     servers_per_prefix = {}

@@ -1,0 +1,19 @@
+"""Fixtures shared by the lab's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from picker.scheduling.config import DEFAULT_CONFIG_TEXT
+
+
+@pytest.fixture
+def home_config(tmp_path: Path) -> Path:
+    """picker's default with ``coldSpreadHome: true`` under its prefix-cache-scorer, as a config file."""
+    anchor = "coldSpreadDebtLimit: 1"
+    assert DEFAULT_CONFIG_TEXT.count(anchor) == 1  # the line the option goes under
+    path = tmp_path / "home.yaml"
+    path.write_text(DEFAULT_CONFIG_TEXT.replace(anchor, f"{anchor}\n    coldSpreadHome: true"))
+    return path
