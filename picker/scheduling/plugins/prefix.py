@@ -76,8 +76,12 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   reorder servers a session apart), and it needs every server queueing at a quarter of the recent cold prompts
   with every index full, not at this very one: far past the knee a scrape that caught one queue empty says
   little. New sessions then go round the pool as SGLang's (plain multi-turn 80 req/s 2.5 → 2.25 s, cache-aware
-  2.24 s). Where others fill a good part of the queues (bypassing clients, independent replicas) they fill
-  servers the round does not see, and the queues of this moment keep their say as before.
+  2.24 s). There the pool also counts as queueing when its servers report two requests waiting each on average,
+  one queue empty or not: such a pool would fill that queue many times over, and sending new sessions to the
+  servers that drained this instant herds them onto a few, each coming back for its next turns (plain multi-turn
+  80 req/s over thirty seeds: 0.98x → 0.99x of cache-aware; at 40 req/s the pool averages under 1.5). Where
+  others fill a good part of the queues (bypassing clients, independent replicas) they fill servers the round
+  does not see, and the queues of this moment keep their say as before.
 * ``coldSpreadDebtLimit`` 0 (off; ≥ 0): where the spread counts blocks placed lately (``placed``, or
   ``coldSpreadPlacedWhenFull`` with every index full), a candidate is owed at most this many times the cold
   prompt's blocks below the candidates' median: whatever it missed beyond that is forgiven (its count is raised
@@ -168,6 +172,9 @@ _FULL_INDEX_SHARE = 0.9  # coldSpreadPlacedWhenFull: an index this full of a ser
 # the servers' recent ones) the spread is sharp once every server queued at this share of the recent cold prompts.
 _FOREIGN_SHARE_MAX = 0.1
 _QUEUED_SHARE_MIN = 0.25
+# ... and it counts the pool as queued when its servers hold this many requests waiting per server on average, even
+# with one queue empty: far past the knee the pool's queue would fill that server many times over.
+_QUEUED_MEAN_MIN = 2.0
 CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
 MATCH_STATE = "prefix-match"  # CycleState key: the match of the last prefix plugin that scored in the cycle
@@ -477,11 +484,15 @@ class PrefixCacheScorer:
         own_pool = params.cold_spread_placed_when_full and self._own_pool(endpoints)
         sharp = False
         if full:
-            queued = all(e.metrics.waiting > 0 for e in endpoints)
+            waiting = [e.metrics.waiting for e in endpoints]
+            # Where picker sent nearly all the work, an empty queue in a pool that holds two waiting requests per
+            # server is one the round has not refilled yet, not room to spare: sending new sessions there by the
+            # queue of the moment herds them onto the few servers that drained (plain multi-turn 80 req/s).
+            queued = all(w > 0 for w in waiting) or (own_pool and sum(waiting) >= _QUEUED_MEAN_MIN * len(waiting))
             queued_share = self._queued_share.add(queued)
-            # Where picker sent nearly all the work, the pool is past its knee when every server queued at a
-            # quarter of the recent cold prompts, not only at this one: a scrape that caught one queue empty
-            # says little then, and each session sent by the queue of the moment breaks the round.
+            # There, too, the pool is past its knee when it queued at a quarter of the recent cold prompts, not
+            # only at this one: a scrape that caught one queue empty says little then, and each session sent by
+            # the queue of the moment breaks the round.
             sharp = self._hit_share.value >= 0.5 and (queued or (own_pool and queued_share >= _QUEUED_SHARE_MIN))
         high = max(sizes, default=0.0)
         if high <= 0.0:

@@ -409,6 +409,29 @@ def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> No
     assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
 
 
+def test_placed_when_full_counts_a_pool_two_deep_as_queued_where_picker_sent_the_work() -> None:
+    c = ctx()
+    scorer = _filling(c)
+    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
+    own = _own_queues(c)
+    cold = request(prompt="c" * (BLOCK * 2))
+    soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
+    for _ in range(150):  # picker's own queues: the foreign share fades
+        scorer.score(cold, own, CycleState())
+    one_idle = [*own[:2], endpoint(3, own_requests=1)]
+    for _ in range(100):  # then one queue empty at every cold prompt: the share of queueing ones fades too
+        scorer.score(cold, one_idle, CycleState())
+    _come_back(scorer, 60)
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+    # E3 drained while the others hold 5 waiting in all: under two per server, its queue may be room to spare.
+    shallow = [endpoint(1, waiting=2, own_requests=2), endpoint(2, waiting=3, own_requests=3), endpoint(3)]
+    assert by_key(scorer.score(cold, shallow, CycleState())) == soft
+    # Two per server on average: the pool is past its knee, and the round goes on to the least placed alone
+    # (E3, the empty queue here) rather than to whichever queue is shortest.
+    deep = [endpoint(1, waiting=3, own_requests=3), endpoint(2, waiting=3, own_requests=3), endpoint(3)]
+    assert by_key(scorer.score(cold, deep, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
+
+
 def test_placed_when_full_keeps_the_load_scorers_say_where_others_fill_the_queues() -> None:
     c = ctx()
     scorer = _filling(c)
@@ -421,7 +444,7 @@ def test_placed_when_full_keeps_the_load_scorers_say_where_others_fill_the_queue
         scorer.score(cold, shared, CycleState())
     _come_back(scorer, 60)
     assert by_key(scorer.score(cold, shared, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}  # min-max, as before
-    one_idle = [*shared[:2], endpoint(3, own_requests=1)]
+    one_idle = [*shared[:2], endpoint(3, own_requests=1)]  # two waiting per server, but most of them others'
     assert by_key(scorer.score(cold, one_idle, CycleState())) == {
         E1: 0.0,
         E2: round(1 - 4 / 6, 9),
