@@ -484,11 +484,12 @@ class PrefixCacheScorer:
         own_pool = params.cold_spread_placed_when_full and self._own_pool(endpoints)
         sharp = False
         if full:
-            waiting = [e.metrics.waiting for e in endpoints]
             # Where picker sent nearly all the work, an empty queue in a pool that holds two waiting requests per
             # server is one the round has not refilled yet, not room to spare: sending new sessions there by the
             # queue of the moment herds them onto the few servers that drained (plain multi-turn 80 req/s).
-            queued = all(w > 0 for w in waiting) or (own_pool and sum(waiting) >= _QUEUED_MEAN_MIN * len(waiting))
+            queued = all(e.metrics.waiting > 0 for e in endpoints) or (
+                own_pool and sum(e.metrics.waiting for e in endpoints) >= _QUEUED_MEAN_MIN * len(endpoints)
+            )
             queued_share = self._queued_share.add(queued)
             # There, too, the pool is past its knee when it queued at a quarter of the recent cold prompts, not
             # only at this one: a scrape that caught one queue empty says little then, and each session sent by
