@@ -384,11 +384,16 @@ def _own_queues(c: PluginContext) -> list[Endpoint]:
     return [endpoint(i, waiting=1, own_requests=1) for i in (1, 2, 3)]
 
 
-def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> None:
+def _full_with_own_queues() -> tuple[prefix.PrefixCacheScorer, list[Endpoint]]:
+    """Every index full (placed: E1 6 blocks, E2 4, E3 2), and the three servers as ``_own_queues`` reports them."""
     c = ctx()
     scorer = _filling(c)
     _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
-    own = _own_queues(c)
+    return scorer, _own_queues(c)
+
+
+def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> None:
+    scorer, own = _full_with_own_queues()
     cold = request(prompt="c" * (BLOCK * 2))
     soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
     _come_back(scorer, 40)
@@ -410,10 +415,7 @@ def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> No
 
 
 def test_placed_when_full_counts_a_pool_two_deep_as_queued_where_picker_sent_the_work() -> None:
-    c = ctx()
-    scorer = _filling(c)
-    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
-    own = _own_queues(c)
+    scorer, own = _full_with_own_queues()
     cold = request(prompt="c" * (BLOCK * 2))
     soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
     for _ in range(150):  # picker's own queues: the foreign share fades
@@ -433,10 +435,7 @@ def test_placed_when_full_counts_a_pool_two_deep_as_queued_where_picker_sent_the
 
 
 def test_placed_when_full_keeps_the_load_scorers_say_where_others_fill_the_queues() -> None:
-    c = ctx()
-    scorer = _filling(c)
-    _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
-    own = _own_queues(c)
+    scorer, own = _full_with_own_queues()
     # Every server reports 3 requests, picker's own are 1 each: two thirds of the queues are other clients'.
     shared = [endpoint(i, waiting=3, own_requests=1) for i in (1, 2, 3)]
     cold = request(prompt="c" * (BLOCK * 2))
