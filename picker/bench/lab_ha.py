@@ -187,19 +187,15 @@ def run(args: argparse.Namespace) -> int:
         replicas = flags.numbers(args.replicas, "--replicas", int, least=2)
         delays = flags.numbers(args.delays_ms, "--delays-ms", float, least=0)
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
-        if args.config is not None and not args.config.is_file():
+        if args.config is not None and not args.config.is_file():  # before any run starts
             raise ValueError(f"--config {args.config}: no such file")
-    except ValueError as exc:
-        print(f"picker bench lab-ha: {exc}", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    policy = PICKER if args.config is None else f"config:{args.config}"
-    try:
+        started = time.perf_counter()
+        policy = PICKER if args.config is None else f"config:{args.config}"
         rows = evaluate(
             QUICK_POINTS if args.quick else POINTS, replicas=replicas, delays_ms=delays, flush_ms=args.flush_ms,
             loss=args.loss, spread=args.spread, requests=requests, seed=args.seed, jobs=args.jobs, policy=policy,
         )  # fmt: skip
-    except errors.ConfigError as exc:
+    except (ValueError, errors.ConfigError) as exc:
         print(f"picker bench lab-ha: {exc}", file=sys.stderr)
         return 2
     what = "picker's default" if args.config is None else f"picker with {args.config}"

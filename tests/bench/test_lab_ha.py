@@ -68,17 +68,16 @@ def test_config_runs_every_replica_with_that_configuration(
 ) -> None:
     # Four independent replicas on shared prefixes: with coldSpreadHome each prefix has one home whichever replica
     # sees it first, so the pool hits the cache more than with the default (docs/scheduling.md).
-    home = home_config
     argv = ["bench", "lab-ha", "--quick", "--requests", "400", "--replicas", "4", "--jobs", "1"]
     hit: dict[str, float] = {}
-    for name, extra in (("default", []), ("home", ["--config", str(home)])):
+    for name, extra in (("default", []), ("home", ["--config", str(home_config)])):
         out = tmp_path / f"{name}.json"
         assert main([*argv, *extra, "--json", str(out)]) == 0
         rows = orjson.loads(out.read_bytes())
         hit[name] = next(r["hit_share"] for r in rows if r["mode"] == "independent")
-    assert f"picker with {home}" in capsys.readouterr().out
+    assert f"picker with {home_config}" in capsys.readouterr().out
     assert hit["home"] > hit["default"]
     assert main([*argv, "--config", str(tmp_path / "absent.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
-    home.write_text("plugins: [")
-    assert main([*argv, "--config", str(home)]) == 2
+    home_config.write_text("plugins: [")
+    assert main([*argv, "--config", str(home_config)]) == 2

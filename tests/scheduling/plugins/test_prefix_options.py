@@ -344,6 +344,10 @@ def _filling(c: object = None, **params: object) -> prefix.PrefixCacheScorer:
     return scorer
 
 
+# The spread once every index is full after ``_filling`` and E3's 2 blocks (placed 6, 4, 2): 1 - placed / max.
+SOFT = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
+
+
 def _come_back(scorer: prefix.PrefixCacheScorer, times: int) -> None:
     """Score a prompt that E1 holds ``times`` times: the share of prompts that hit rises."""
     again = request(prompt="2" * (BLOCK * 2))  # the last prompt E1 took: its LRU still holds it
@@ -358,7 +362,7 @@ def test_placed_when_full_spreads_by_what_was_placed_once_every_index_is_full() 
     assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: 0.0, E3: 1.0}
     _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
     # Every index full: by the blocks placed (6, 4, 2), 1 - placed / max.
-    assert by_key(scorer.score(cold, EPS, CycleState())) == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
+    assert by_key(scorer.score(cold, EPS, CycleState())) == SOFT
     without = _scorer(coldSpread=1.0, lruCapacityPerServer=2, autoTune=False)
     for i, target in enumerate((EPS[0], EPS[0], EPS[0], EPS[1], EPS[1], EPS[2])):
         _learn(without, request(prompt=f"{i}" * (BLOCK * 2)), target)
@@ -369,12 +373,11 @@ def test_placed_when_full_is_sharp_only_when_every_server_queues_and_prompts_com
     scorer = _filling()
     _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
     cold = request(prompt="c" * (BLOCK * 2))
-    soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
-    assert by_key(scorer.score(cold, QUEUED, CycleState())) == soft  # every prompt so far was new: not sharp
+    assert by_key(scorer.score(cold, QUEUED, CycleState())) == SOFT  # every prompt so far was new: not sharp
     _come_back(scorer, 40)  # now most prompts find their blocks on a server
     assert by_key(scorer.score(cold, QUEUED, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}  # (6 - n) / (6 - 2)
     one_idle = [*QUEUED[:2], endpoint(3)]
-    assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == SOFT
 
 
 def _own_queues(c: PluginContext) -> list[Endpoint]:
@@ -395,7 +398,6 @@ def _full_with_own_queues() -> tuple[prefix.PrefixCacheScorer, list[Endpoint]]:
 def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> None:
     scorer, own = _full_with_own_queues()
     cold = request(prompt="c" * (BLOCK * 2))
-    soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
     _come_back(scorer, 40)
     # The queues are assumed others' until the reports show them picker's: min-max, as where others send work.
     assert by_key(scorer.score(cold, own, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}
@@ -411,23 +413,22 @@ def test_placed_when_full_goes_round_strictly_where_picker_sent_the_work() -> No
     for _ in range(100):
         scorer.score(cold, one_idle, CycleState())
     _come_back(scorer, 60)
-    assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == SOFT
 
 
 def test_placed_when_full_counts_a_pool_two_deep_as_queued_where_picker_sent_the_work() -> None:
     scorer, own = _full_with_own_queues()
     cold = request(prompt="c" * (BLOCK * 2))
-    soft = {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}
     for _ in range(150):  # picker's own queues: the foreign share fades
         scorer.score(cold, own, CycleState())
     one_idle = [*own[:2], endpoint(3, own_requests=1)]
     for _ in range(100):  # then one queue empty at every cold prompt: the share of queueing ones fades too
         scorer.score(cold, one_idle, CycleState())
     _come_back(scorer, 60)
-    assert by_key(scorer.score(cold, one_idle, CycleState())) == soft
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == SOFT
     # E3 drained while the others hold 5 waiting in all: under two per server, its queue may be room to spare.
     shallow = [endpoint(1, waiting=2, own_requests=2), endpoint(2, waiting=3, own_requests=3), endpoint(3)]
-    assert by_key(scorer.score(cold, shallow, CycleState())) == soft
+    assert by_key(scorer.score(cold, shallow, CycleState())) == SOFT
     # Two per server on average: the pool is past its knee, and the round goes on to the least placed alone
     # (E3, the empty queue here) rather than to whichever queue is shortest.
     deep = [endpoint(1, waiting=3, own_requests=3), endpoint(2, waiting=3, own_requests=3), endpoint(3)]
@@ -444,11 +445,8 @@ def test_placed_when_full_keeps_the_load_scorers_say_where_others_fill_the_queue
     _come_back(scorer, 60)
     assert by_key(scorer.score(cold, shared, CycleState())) == {E1: 0.0, E2: 0.5, E3: 1.0}  # min-max, as before
     one_idle = [*shared[:2], endpoint(3, own_requests=1)]  # two waiting per server, but most of them others'
-    assert by_key(scorer.score(cold, one_idle, CycleState())) == {
-        E1: 0.0,
-        E2: round(1 - 4 / 6, 9),
-        E3: round(2 / 3, 9),
-    }  # not sharp: the queues of this moment decide, with the load scorers
+    # Not sharp: the queues of this moment decide, with the load scorers.
+    assert by_key(scorer.score(cold, one_idle, CycleState())) == SOFT
     assert own  # the ledger's leases stand for picker's own request on each server
 
 
@@ -460,7 +458,7 @@ def test_placed_when_full_counts_a_slow_server_in_whole_multiples() -> None:
         scorer.bind({"ttft": FixedSpeeds({E3: factor})}, ())
         _learn(scorer, request(prompt="z" * (BLOCK * 2)), EPS[2])
         spreads[factor] = by_key(scorer.score(cold, EPS, CycleState()))
-    assert spreads[1.9] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(2 / 3, 9)}  # under 2x: as fast
+    assert spreads[1.9] == SOFT  # under 2x: as fast
     assert spreads[2.5] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: round(1 - 4 / 6, 9)}  # E3's 2 blocks count 4
     assert spreads[3.2] == {E1: 0.0, E2: round(1 - 4 / 6, 9), E3: 0.0}  # 6
 
