@@ -14,7 +14,7 @@ the policy what production feeds picker's scheduler:
   ``scrape_interval_s`` (100 ms like ``picker serve``), from ``Engine.stats()`` mapped as the vLLM scrape maps
   the ``/metrics`` page (``scraped_metrics``; a test checks it equals ``scrape.engines.extract`` of the
   simulator's page) — so they are stale like real ones;
-* picker's ``InflightTracker`` takes a lease on pick (``director.expected_tokens``), is told the prompt is
+* picker's ``InflightTracker`` takes a lease on pick (``director.acquire_lease``), is told the prompt is
   prefilled at the first token (and the TTFT), and is released at completion (and the TPOT), as the director
   does; the policy's ``routed`` / ``completed`` call the scheduler's PreRequest / PostResponse hooks.
 
@@ -59,7 +59,7 @@ from picker.bench import lab_kv, lab_pd
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, poisson_arrivals
 from picker.bench.policies import Policy, make_policy
 from picker.bench.workloads import Api, WorkItem, Workload
-from picker.control.director import expected_tokens
+from picker.control.director import acquire_lease
 from picker.endpoints.inflight import InflightTracker, Lease
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.peerload import PeerLoads
@@ -435,7 +435,7 @@ class _Lab:
             rec.status, rec.error = exc.status, exc.wire_text
             return
         e = self.index_of[pick.endpoint.key]
-        lease = router.inflight.acquire(pick.endpoint.key, expected_tokens(req), now)
+        lease = acquire_lease(router.inflight, pick.endpoint.key, req, pick.result, now)
         router.policy.routed(req, pick)
         self.routed[e] += 1
         rec.backend = pick.endpoint.name
@@ -595,7 +595,7 @@ class _Lab:
             live.router.inflight.release(live.prefill_lease)  # prefilled: the director releases it here
         if live.router is None or live.lease is None or live.req is None:
             return
-        live.router.inflight.prefilled(live.lease, live.req.prompt_tokens)
+        live.router.inflight.prefilled(live.lease, live.req.prompt_tokens, now)
         live.router.inflight.observe(live.lease.endpoint_key, ttft_s=now - live.arrival_s)
         info = ResponseInfo(endpoint_key=live.lease.endpoint_key, ttft_s=now - live.arrival_s)
         live.router.policy.first_token(live.req, info)
