@@ -440,7 +440,13 @@ class _Lab:
             return
         self.records.append(rec)
         router = self.pick_router()
-        headers = {":path": self.path, ":method": "POST", "content-type": "application/json", "x-request-id": rid}
+        headers = {
+            **dict(item.headers),
+            ":path": self.path,
+            ":method": "POST",
+            "content-type": "application/json",
+            "x-request-id": rid,
+        }
         try:
             req = parse_request(headers, body)
             if router.kv_ingestor is not None:  # the director's token source

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ import orjson
 from picker import errors
 from picker.bench import flags, lab_report
 from picker.bench.lab import LabConfig, poisson_schedule, run_lab
+from picker.bench.load import RequestRecord
 from picker.bench.load_cli import WorkloadDefaults, add_workload_arguments, build_workload
 from picker.bench.policies import POLICY_NAMES
+from picker.bench.workloads import with_slos
 from picker.scheduling import units
 from picker.sim.config import PRESETS, EngineConfig, preset
 
@@ -71,6 +74,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         ),
     )  # fmt: skip
 
+    parser.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="TAG:TTFT_MS[:TPOT_MS]",
+        help="llm-d SLO headers on the requests of a workload tag (e.g. short:150); prints each policy's attainment",
+    )
     o = parser.add_argument_group("output")
     o.add_argument("--json", type=Path, help="write every run's summary (deterministic for a seed)")
     o.add_argument("--records", action="store_true", help="include per-request records in --json")
@@ -103,9 +113,52 @@ def _rates(args: argparse.Namespace) -> list[float]:
     return flags.numbers(args.rates, "--rates", float, above=0)
 
 
+def parse_slos(specs: Sequence[str]) -> dict[str, tuple[float | None, float | None]]:
+    """``TAG:TTFT_MS[:TPOT_MS]`` each (an empty or 0 part: unset) -> tag -> (TTFT ms, TPOT ms)."""
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or not parts[0]:
+            raise ValueError(f"--slo {spec!r}: expected TAG:TTFT_MS[:TPOT_MS]")
+        try:
+            values = [float(x) if x else 0.0 for x in parts[1:]]
+        except ValueError:
+            raise ValueError(f"--slo {spec!r}: milliseconds must be numbers") from None
+        ttft, tpot = values[0], values[1] if len(values) > 1 else 0.0
+        if ttft < 0 or tpot < 0 or not (ttft or tpot):
+            raise ValueError(f"--slo {spec!r}: give a positive TTFT or TPOT")
+        out[parts[0]] = (ttft or None, tpot or None)
+    return out
+
+
+def slo_attainment(
+    records: Sequence[RequestRecord], slos: Mapping[str, tuple[float | None, float | None]]
+) -> tuple[int, int]:
+    """(met, total) over the requests whose tag has an SLO: a request meets it when it succeeded within every
+    objective set (TTFT, and TPOT where it has one)."""
+    met = total = 0
+    for r in records:
+        slo = slos.get(r.tag)
+        if slo is None:
+            continue
+        total += 1
+        ttft, tpot = slo
+        if not r.ok or r.ttft_s is None:
+            continue
+        if ttft is not None and r.ttft_s * 1000.0 > ttft:
+            continue
+        if tpot is not None and r.tpot_s is not None and r.tpot_s * 1000.0 > tpot:
+            continue
+        met += 1
+    return met, total
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         workload = build_workload(args)
+        slos = parse_slos(args.slo)
+        if slos:
+            workload = with_slos(workload, slos)
         config = LabConfig(
             engine_config(args), engines=args.engines, scrape_interval_s=args.scrape_interval, api=args.api,
             seed=args.seed,
@@ -143,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
             )
             row = lab_report.make_row(lab_run.policy, lab_run.result, servers, rate)
             rate_rows.append(row)
+            if slos:
+                met, total = slo_attainment(lab_run.result.records, slos)
+                print(f"    SLO attainment: {met} of {total} ({met / max(1, total):.1%})", flush=True)
             runs_json.append({**lab_report.row_json(row, records=args.records), **lab_run.to_json()})
         lab_report.print_rows(f"{workload.name} at {rate:g} req/s ({config.engines} engines)", rate_rows)
         rows.extend(rate_rows)

@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +56,7 @@ class WorkItem:
     ignore_eos: bool = False
     model: str | None = None  # e.g. a LoRA adapter; None = the run's model
     tag: str = ""
+    headers: tuple[tuple[str, str], ...] = ()  # request headers besides the protocol's (e.g. SLO headers)
 
     @property
     def prompt(self) -> str:
@@ -252,3 +253,21 @@ def with_fixed(inner: Workload, n_tokens: int) -> Workload:
             yield dataclasses.replace(item, max_tokens=n_tokens, min_tokens=n_tokens, ignore_eos=True)
 
     return Workload(inner.name, make)
+
+
+def with_slos(workload: Workload, slos: Mapping[str, tuple[float | None, float | None]]) -> Workload:
+    """``workload`` with llm-d's SLO headers on the requests of each tag: tag -> (TTFT ms, TPOT ms), None unset."""
+
+    def make() -> Iterator[WorkItem]:
+        for item in workload.make():
+            slo = slos.get(item.tag)
+            if slo is None:
+                yield item
+                continue
+            ttft, tpot = slo
+            extra: tuple[tuple[str, str], ...] = (("x-llm-d-slo-ttft-ms", f"{ttft:g}"),) if ttft is not None else ()
+            if tpot is not None:
+                extra += (("x-llm-d-slo-tpot-ms", f"{tpot:g}"),)
+            yield dataclasses.replace(item, headers=item.headers + extra)
+
+    return Workload(f"{workload.name}+slo", make)

@@ -5,10 +5,11 @@ its KV cache is full); the rest wait, first come first served. A request's time 
 
     ttft_e = slot_wait_e + (prefill_ahead_e + uncached_e) * s_per_token * speed_e + step_e
 
-* ``slot_wait_e``: 0 while a slot is free. On a full server, the time until a slot frees for this request: the
+* ``slot_wait_e``: 0 while a slot is free and the request's KV fits. Else the time until it can start: the
   running requests' remaining answers (picker's own known request by request: tokens left = expected answer -
   time since its first token / step; others' spread evenly over the mean answer), then each request queued ahead taking
-  the next free slot for its whole answer.
+  the next free slot for its whole answer; a request starts only when its prompt's KV fits beside what the
+  running ones hold (``num_gpu_blocks`` x block size in all), as vLLM admits.
 * ``prefill_ahead_e``: the prompt tokens of the requests there still waiting for their first token (picker's own,
   as estimated when it routed them; others' waiting ones at the mean prompt), computed before or with this one.
 * ``uncached_e``: this prompt's tokens that server does not cache (the prefix index, when one is bound).
@@ -19,8 +20,9 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU);
   a slow server is slow at prefill too. At least one step emits the first token.
 
-Capacity is learned from what each server reports: the most requests it ran while some waited (a server never
-seen full takes the pool's median of the learned ones; none learned: no slot limit). ``s_per_token`` is learned
+Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
+it was seen queueing with KV room to spare (a server never seen queueing takes the pool's median of the known
+limits; none known: no slot limit). ``s_per_token`` is learned
 from picker's own first tokens (the part of each observed TTFT beyond the predicted fixed part, per token,
 divided by that server's speed), starting from ``DEFAULT_S_PER_TOKEN``. The mean answer per model is learned
 from completions. The objective is the request's expected end to end time, ``ttft_e + (answer - 1) * step_e``:
@@ -33,10 +35,12 @@ counts (``PluginContext.server_load``).
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from picker.endpoints.inflight import Lease
 from picker.endpoints.model import Endpoint
@@ -46,11 +50,13 @@ __all__ = [
     "DEFAULT_ANSWER_TOKENS",
     "DEFAULT_STEP_S",
     "DEFAULT_S_PER_TOKEN",
+    "Demand",
     "Estimate",
     "ServerModel",
     "StepFit",
     "answer_tokens",
-    "slot_wait_s",
+    "start_wait_s",
+    "start_waits_s",
 ]
 
 DEFAULT_STEP_S = 0.02  # an engine step before any TPOT is observed
@@ -59,7 +65,10 @@ DEFAULT_ANSWER_TOKENS = 256.0  # a model's mean answer before any completion is 
 _ALPHA = 0.05  # moving averages over about the last 20 observations
 _MIN_PREFILL_TOKENS = 8  # a first token teaches the prefill rate only when it had this many tokens to compute
 _PREFILL_SAMPLES = 64  # the prefill rate is the median of this many recent samples (one long queue is no rate)
+_KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
+_NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
 _FIT_ALPHA = 0.02  # the step-time fit: exponentially weighted over about the last 50 completions
+_MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,9 @@ class Estimate:
     speed: float  # how much slower than the pool's fit the server has been
     slot_wait_s: float = 0.0  # the part of ttft_s spent waiting for a sequence slot
     batch: float = 0.0  # the requests the server runs, as estimated
+    # How much longer a typical request arriving next would wait there because this one went first: what taking
+    # that server's last free slot (or KV room) costs the requests behind it.
+    next_delay_s: float = 0.0
 
     def e2e_s(self, answer_tokens: float) -> float:
         return self.ttft_s + max(0.0, answer_tokens - 1.0) * self.tpot_s
@@ -85,16 +97,48 @@ def answer_tokens(max_tokens: int, fixed: bool, mean: float) -> float:
     return min(mean, float(max_tokens)) if max_tokens > 0 else mean
 
 
-def slot_wait_s(running_left_s: list[float], queued_s: Sequence[float], capacity: int) -> float:
-    """Seconds until a slot frees for a request behind ``queued_s`` (each takes the next free slot for that long)
-    on a server whose ``capacity`` slots run requests with ``running_left_s`` to go; 0 with a slot free."""
-    if len(running_left_s) < capacity:
-        return 0.0
-    heap = running_left_s
-    heapq.heapify(heap)
-    for duration in queued_s:
-        heapq.heapreplace(heap, heap[0] + duration)
-    return heap[0]
+class Demand(NamedTuple):
+    """A request on a server: seconds it runs (left), and the KV tokens it holds (running) or needs to start."""
+
+    seconds: float
+    kv_tokens: float
+
+
+def start_wait_s(
+    running: Sequence[Demand], queued: Sequence[Demand], ours: Demand, slots: int, kv_tokens: float
+) -> float:
+    """Seconds until a request needing ``ours.kv_tokens`` starts on a server with ``slots`` sequence slots and
+    ``kv_tokens`` of KV cache, running ``running`` (seconds left, KV held now), with ``queued`` ahead of it first
+    come first served: each starts when a slot is free and its prompt's KV fits beside what runs (as vLLM admits),
+    and holds both until it ends."""
+    return start_waits_s(running, (*queued, ours), slots, kv_tokens)[-1]
+
+
+def start_waits_s(running: Sequence[Demand], queue: Sequence[Demand], slots: int, kv_tokens: float) -> list[float]:
+    """``start_wait_s`` of each request of ``queue`` in turn (first come first served)."""
+    used = 0.0
+    for r in running:
+        used += r.kv_tokens
+    heap: list[tuple[float, float]] | None = None
+    t = 0.0
+    out: list[float] = []
+    for item in queue:
+        if heap is None:
+            if len(running) < slots and used + item.kv_tokens <= kv_tokens:
+                out.append(0.0)  # starts at once: only now does it need a place beside the running ones
+                running = [*running, item]
+                used += item.kv_tokens
+                continue
+            heap = [(r.seconds, r.kv_tokens) for r in running]
+            heapq.heapify(heap)
+        while heap and (len(heap) >= slots or used + item.kv_tokens > kv_tokens):
+            end, freed = heapq.heappop(heap)
+            t = max(t, end)
+            used -= freed
+        out.append(t)
+        heapq.heappush(heap, (t + item.seconds, item.kv_tokens))
+        used += item.kv_tokens
+    return out
 
 
 def _adapter_wait(endpoint: Endpoint, adapter: str, answer_s: float) -> float:
@@ -149,9 +193,10 @@ class ServerModel:
     __slots__ = (
         "_answers",
         "_batch",
-        "_capacity",
         "_ctx",
         "_fit",
+        "_limited",
+        "_most_running",
         "_prefill_samples",
         "_prompt_tokens",
         "_speed",
@@ -160,7 +205,8 @@ class ServerModel:
 
     def __init__(self, ctx: PluginContext) -> None:
         self._ctx = ctx
-        self._capacity: dict[str, int] = {}
+        self._most_running: dict[str, int] = {}  # the most requests each server was seen running
+        self._limited: set[str] = set()  # servers seen queueing with KV room to spare: their most is their limit
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
         self._fit = StepFit()
@@ -171,23 +217,32 @@ class ServerModel:
 
     # -- learning ---------------------------------------------------------------------------------------------
     def observe_reports(self, endpoints: Sequence[Endpoint]) -> None:
-        """Learn capacities: the most requests a server ran while some waited (fresh reports only)."""
+        """Learn slot capacities from fresh reports: a server runs at least as many requests as it was ever seen
+        running; the limit counts once it was seen queueing with KV room to spare (a full KV cache bounds it below
+        its slots, and the estimate counts KV apart)."""
         now = self._ctx.clock()
         max_age = self._ctx.metrics_max_age_s
-        learned = self._capacity
+        most, limited = self._most_running, self._limited
         for e in endpoints:
             m = e.metrics
-            if m.waiting > 0 and m.running > learned.get(e.key, 0) and now - m.updated_at <= max_age:
-                learned[e.key] = m.running
+            if now - m.updated_at > max_age:
+                continue
+            key = e.key
+            if m.running > most.get(key, 0):
+                most[key] = m.running
+            if m.waiting > 0 and m.kv_usage < _KV_BOUND and key not in limited:
+                limited.add(key)
 
     def capacity(self, key: str) -> int:
-        """Learned slots of a server; the pool's median for one never seen full; 0: unknown (no limit)."""
-        own = self._capacity.get(key)
-        if own is not None:
-            return own
-        if not self._capacity:
+        """A server's slots: the most it ran, once it was seen queueing; for one never seen queueing, the pool's
+        median of the known ones, if above what it ran; 0: unknown (no limit)."""
+        most = self._most_running.get(key, 0)
+        if key in self._limited:
+            return most
+        known = [self._most_running[k] for k in self._limited if k in self._most_running]
+        if not known:
             return 0
-        return int(statistics.median(self._capacity.values()))
+        return max(most, int(statistics.median(known)))
 
     def batch(self, key: str) -> float:
         """The requests ``key`` ran when it was last estimated (0: never)."""
@@ -199,8 +254,9 @@ class ServerModel:
         predicted = a + c * batch
         speed = self._speed.get(key, 1.0)
         if predicted > 0.0:
-            self._speed[key] = speed + 4 * _FIT_ALPHA * (step_s / predicted - speed)
-        self._fit.add(batch, step_s / speed)
+            ratio = min(_MAX_SPEED, max(1.0 / _MAX_SPEED, step_s / predicted))
+            self._speed[key] = speed + 4 * _FIT_ALPHA * (ratio - speed)
+        self._fit.add(batch, step_s)
 
     def observe_answer(self, model: str, tokens: int) -> None:
         mean = self._answers.get(model)
@@ -225,16 +281,17 @@ class ServerModel:
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop what was learned of servers that left the pool."""
-        for table in (self._capacity, self._batch, self._speed):
+        for table in (self._most_running, self._batch, self._speed):
             for key in [k for k in table if k not in keys]:
                 del table[key]
+        self._limited &= set(keys)
 
     # -- estimating -------------------------------------------------------------------------------------------
     def estimate(
         self, model: str, answer: float, uncached: Sequence[float], endpoints: Sequence[Endpoint]
     ) -> list[Estimate]:
-        """Each candidate's estimate for a request of ``model`` (a base model or LoRA adapter) with ``uncached``
-        prompt tokens per candidate."""
+        """Each candidate's estimate for a request of ``model`` (a base model or LoRA adapter) expecting ``answer``
+        tokens, with ``uncached`` prompt tokens per candidate."""
         ctx = self._ctx
         now = ctx.clock()
         a, c = self._fit.coefficients()
@@ -256,42 +313,63 @@ class ServerModel:
             for lease in leases:
                 if lease.first_token_at is None:
                     ahead_tokens += lease.prefill_tokens
-            wait = 0.0
-            if cap and load.requests >= cap:
-                wait = self._slot_wait(
-                    leases, others_running, load.foreign_waiting, cap, step, speed * s_tok, mean_answer, now
-                )
+            m = e.metrics
+            kv_tokens = float(m.num_gpu_blocks * (m.block_size or 16)) if m.num_gpu_blocks else math.inf
+            wait, next_wait = self._start_wait(
+                leases,
+                others_running,
+                load.foreign_waiting,
+                Demand(0.0, u),
+                cap or _NO_LIMIT,
+                kv_tokens,
+                step,
+                speed * s_tok,
+                mean_prompt,
+                mean_answer,
+                now,
+            )
             fixed = wait + step + _adapter_wait(e, model, mean_answer * step)
             tokens = ahead_tokens + u
-            out.append(Estimate(fixed + tokens * s_tok * speed, step, fixed, tokens, speed, wait, batch))
+            out.append(
+                Estimate(fixed + tokens * s_tok * speed, step, fixed, tokens, speed, wait, batch, next_wait - wait)
+            )
         return out
 
-    def _slot_wait(
+    def _start_wait(
         self,
         leases: Collection[Lease],
         others_running: float,
         others_waiting: float,
-        capacity: int,
+        ours: Demand,
+        slots: int,
+        kv_tokens: float,
         step: float,
         s_tok: float,
+        mean_prompt: float,
         mean_answer: float,
         now: float,
-    ) -> float:
-        """``slot_wait_s`` for a full server: picker's own requests by what each has left, the others' at means."""
-        running: list[float] = []
-        queued: list[float] = []
+    ) -> tuple[float, float]:
+        """``start_wait_s`` on one server for this request and for a typical one right after it: picker's own
+        requests by what each has left, the others' at means."""
+        running: list[Demand] = []
+        queued: list[Demand] = []
         for lease in leases:
-            out = answer_tokens(lease.max_output_tokens, lease.fixed_output, self.mean_answer(lease.model)) * step
+            answer = answer_tokens(lease.max_output_tokens, lease.fixed_output, self.mean_answer(lease.model))
             started = lease.first_token_at
             if started is not None:
-                running.append(max(step, out - (now - started)))
-            elif len(running) < capacity:
-                running.append(lease.prefill_tokens * s_tok + out)
+                done = (now - started) / step
+                running.append(Demand(max(step, (answer - done) * step), lease.prefill_tokens + min(done, answer)))
             else:
-                queued.append(lease.prefill_tokens * s_tok + out)
+                (running if len(running) < slots else queued).append(
+                    Demand(lease.prefill_tokens * s_tok + answer * step, lease.prefill_tokens)
+                )
         whole = mean_answer * step
         n = round(others_running)
         for i in range(n):  # started at unknown times: their remaining answers spread evenly over one answer
-            (running if len(running) < capacity else queued).append(whole * (i + 1) / (n + 1))
-        queued.extend([whole] * round(others_waiting))
-        return slot_wait_s(running, queued, capacity)
+            left = (i + 1) / (n + 1)
+            (running if len(running) < slots else queued).append(
+                Demand(whole * left, mean_prompt + mean_answer * (1.0 - left))
+            )
+        queued.extend([Demand(whole, mean_prompt)] * round(others_waiting))
+        waits = start_waits_s(running, (*queued, ours, Demand(whole, mean_prompt)), slots, kv_tokens)
+        return waits[-2], waits[-1]

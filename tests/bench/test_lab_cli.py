@@ -74,3 +74,42 @@ def test_config_files_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([*SMALL, "--rates", "5,x"]) == 2
     assert main([*SMALL, "--rate", "5", "--policies", "rr", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read config file" in capsys.readouterr().err
+
+
+def test_slo_headers_reach_the_scheduler_and_attainment_is_counted(capsys: pytest.CaptureFixture[str]) -> None:
+    config = Path(__file__).parents[2] / "examples" / "configs" / "latency.yaml"
+    argv = [
+        "bench", "lab", "--workload", "seed-mix", "--preset", "gpu-bounded", "--engines", "4", "--requests", "80",
+        "--rate", "16", "--policies", f"rr,config:{config}", "--slo", "short:100",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "SLO attainment" in line]
+    assert len(lines) == 2  # one per policy
+    for line in lines:
+        met, total = (int(x) for x in line.split(":")[1].split("(")[0].split(" of "))
+        assert 0 < total < 80
+        assert 0 <= met <= total
+
+
+@pytest.mark.parametrize("spec", ["short", "short:x", ":100", "short:0", "short:-5:10"])
+def test_a_bad_slo_is_a_usage_error(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, "--rate", "5", "--policies", "rr", "--slo", spec]) == 2
+    assert "--slo" in capsys.readouterr().err
+
+
+def test_slo_attainment_counts_ttft_and_tpot() -> None:
+    from picker.bench.lab_cli import slo_attainment
+    from picker.bench.load import RequestRecord
+
+    def rec(tag: str, ttft: float, e2e: float, out: int, status: int = 200) -> RequestRecord:
+        return RequestRecord(0, tag, "m", 0.0, e2e_s=e2e, ttft_s=ttft, output_tokens=out, status=status)
+
+    records = [
+        rec("short", 0.05, 0.2, 4),  # met
+        rec("short", 0.5, 0.7, 4),  # TTFT missed
+        rec("long", 0.05, 10.25, 401),  # TPOT 25.5 ms: missed
+        rec("long", 0.05, 8.05, 401),  # TPOT 20 ms: met
+        rec("short", 0.05, 0.2, 4, status=500),  # failed
+        rec("other", 9.0, 9.0, 1),  # no SLO: not counted
+    ]
+    assert slo_attainment(records, {"short": (100.0, None), "long": (None, 25.0)}) == (2, 5)

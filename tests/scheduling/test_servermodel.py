@@ -3,29 +3,44 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from picker.scheduling import servermodel
-from picker.scheduling.servermodel import Estimate, ServerModel, StepFit, answer_tokens, slot_wait_s
+from picker.scheduling.servermodel import Demand, Estimate, ServerModel, StepFit, answer_tokens, start_wait_s
 from tests.conftest import endpoint
 from tests.scheduling.helpers import ctx
 
 
+def _running(*seconds: float, kv: float = 10.0) -> list[Demand]:
+    return [Demand(t, kv) for t in seconds]
+
+
+OURS = Demand(1.0, 10.0)
+
+
 def test_a_free_slot_means_no_wait() -> None:
-    assert slot_wait_s([5.0, 1.0], [], capacity=3) == 0.0
+    assert start_wait_s(_running(5.0, 1.0), [], OURS, slots=3, kv_tokens=math.inf) == 0.0
 
 
 def test_a_full_server_frees_its_soonest_slot_first() -> None:
-    assert slot_wait_s([5.0, 1.0, 3.0], [], capacity=3) == 1.0
+    assert start_wait_s(_running(5.0, 1.0, 3.0), [], OURS, slots=3, kv_tokens=math.inf) == 1.0
 
 
 def test_requests_queued_ahead_take_the_slots_that_free_first() -> None:
     # The first queued request takes the slot free at 1 s and holds it 2 s more (until 3 s); ours gets the next
     # slot to free: 3 s (the one that was running, or the queued one's: both at 3 s).
-    assert slot_wait_s([5.0, 1.0, 3.0], [2.0], capacity=3) == 3.0
-    assert slot_wait_s([5.0, 1.0, 3.0], [2.0, 10.0], capacity=3) == 3.0
-    assert slot_wait_s([5.0, 1.0, 3.0], [2.0, 10.0, 0.5], capacity=3) == 3.5
+    running = _running(5.0, 1.0, 3.0)
+    assert start_wait_s(running, _running(2.0), OURS, slots=3, kv_tokens=math.inf) == 3.0
+    assert start_wait_s(running, _running(2.0, 10.0), OURS, slots=3, kv_tokens=math.inf) == 3.0
+    assert start_wait_s(running, _running(2.0, 10.0, 0.5), OURS, slots=3, kv_tokens=math.inf) == 3.5
+
+
+def test_a_free_slot_without_kv_room_waits_for_kv() -> None:
+    running = [Demand(5.0, 600.0), Demand(2.0, 600.0)]
+    assert start_wait_s(running, [], Demand(1.0, 500.0), slots=16, kv_tokens=1700.0) == 0.0
+    assert start_wait_s(running, [], Demand(1.0, 600.0), slots=16, kv_tokens=1700.0) == 2.0
 
 
 @pytest.mark.parametrize(
@@ -54,17 +69,19 @@ def test_the_step_fit_without_varying_batches_is_the_mean() -> None:
     assert fit.coefficients() == pytest.approx((0.05, 0.0))
 
 
-def test_capacity_is_what_a_server_ran_while_others_waited() -> None:
+def test_capacity_is_the_most_a_server_ran_once_it_was_seen_queueing() -> None:
     model = ServerModel(ctx())
-    full, idle, stale = endpoint(1, waiting=3, running=16), endpoint(2, running=5), endpoint(3, waiting=2, running=30)
+    full, idle, stale = endpoint(1, waiting=3, running=12), endpoint(2, running=5), endpoint(3, waiting=2, running=30)
     stale = dataclasses.replace(stale, metrics=dataclasses.replace(stale.metrics, updated_at=1.0))
+    kv_bound = endpoint(4, waiting=2, running=40, kv=0.95)
     assert model.capacity(idle.key) == 0  # nothing learned: no limit
-    model.observe_reports([full, idle, stale])
-    assert model.capacity(full.key) == 16
-    assert model.capacity(idle.key) == 16  # never seen full: the pool's
-    assert model.capacity(stale.key) == 16  # a stale report teaches nothing
-    model.observe_reports([endpoint(1, waiting=1, running=12)])
-    assert model.capacity(full.key) == 16  # the most it ran, not the last
+    model.observe_reports([full, idle, stale, kv_bound])
+    assert model.capacity(full.key) == 12
+    assert model.capacity(idle.key) == 12  # never seen queueing: the pool's
+    assert model.capacity(stale.key) == 12  # a stale report teaches nothing
+    assert model.capacity(kv_bound.key) == 40  # queueing on a full KV cache says nothing of the slots: the pool's
+    model.observe_reports([endpoint(1, waiting=0, running=16), endpoint(1, waiting=1, running=2)])
+    assert model.capacity(full.key) == 16  # a queue seen at 12 was a moment's: it ran 16
 
 
 def test_a_full_server_of_long_answers_waits_longer_than_one_of_short_answers() -> None:

@@ -9,7 +9,8 @@ the config; it need not be in the profile) says how many prompt tokens each cand
 
 Without SLO headers the score is ``best / cost`` with cost the predicted end-to-end time
 ``ttft + (answer - 1) * tpot`` (answer: ``max_tokens`` when the length is fixed, else the model's recent mean, at
-most ``max_tokens``): the lowest cost scores 1.
+most ``max_tokens``) plus what going there costs the next request (``Estimate.next_delay_s``: taking a server's
+last free slot or KV room makes the request behind it wait): the lowest cost scores 1.
 
 With ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` (or the deprecated ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``)
 the prediction is held against the objectives: headroom = ``headroomTTFTWeight`` x (SLO - TTFT) / SLO +
@@ -136,7 +137,7 @@ class LatencyScorer:
         answer: float = cycle[self._state_key][2]
         slo = slo_of(req)
         if slo is None:
-            costs = [x.e2e_s(answer) for x in found]
+            costs = [x.e2e_s(answer) + x.next_delay_s for x in found]
             best = min(costs)
             return ScoreVector(endpoints, [best / c if c > 0.0 else 1.0 for c in costs])
         return ScoreVector(endpoints, self._headroom_scores(found, slo))
