@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 from picker import errors
@@ -30,6 +31,7 @@ from picker.admission.queue import FlowQueue, QueuedRequest
 from picker.admission.saturation import SaturationDetector
 from picker.endpoints.model import Endpoint, EndpointSnapshot
 from picker.request.model import InferenceRequest
+from picker.request.slo import slo_of
 from picker.telemetry import flow as fm
 
 __all__ = ["REJECTED_PREFIX", "TTL_MESSAGE", "FlowController"]
@@ -82,6 +84,7 @@ class FlowController:
             enqueued_at=now,
             deadline=now + ttl_s if ttl_s is not None else None,
             seq=next(self._seq),
+            slo_deadline=_slo_deadline(req, now),
         )
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
@@ -184,3 +187,9 @@ class FlowController:
         labels = (item.flow, str(item.priority), self.pool_name, req.model, req.target_model)
         fm.QUEUE_SIZE.labels(*labels).inc(sign)
         fm.QUEUE_BYTES.labels(*labels).inc(sign * item.size_bytes)
+
+
+def _slo_deadline(req: InferenceRequest, now: float) -> float:
+    """When the request's TTFT objective runs out (``slo-deadline-ordering-policy``); inf without one."""
+    slo = slo_of(req)
+    return now + slo.ttft_s if slo is not None and slo.ttft_s is not None else math.inf

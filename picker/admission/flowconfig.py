@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000
 _FAIRNESS_TYPES = frozenset({fp.GLOBAL_STRICT, fp.ROUND_ROBIN})
-_ORDERING_TYPES = frozenset({fp.FCFS, fp.EDF})
+_ORDERING_TYPES = frozenset({fp.FCFS, fp.EDF, fp.SLO_DEADLINE})
 
 
 @dataclass(frozen=True, slots=True)

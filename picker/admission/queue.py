@@ -8,7 +8,8 @@ priority); inside a band the fairness policy picks a flow and the ordering polic
 * ``round-robin-fairness-policy``: flows take turns, one request each, in the order they became active; a flow
   that empties leaves the rotation and rejoins at its end.
 * ``fcfs-ordering-policy``: arrival order; ``edf-ordering-policy``: earliest deadline (arrival + TTL) first,
-  requests without a deadline after, by arrival.
+  requests without a deadline after, by arrival; ``slo-deadline-ordering-policy``: the same with the deadline
+  arrival + the request's TTFT objective (SLO headers).
 
 Capacity: global ``maxRequests`` / ``maxBytes`` and each band's; a request that would exceed one is rejected
 before it is queued (``capacity_error``).
@@ -38,6 +39,8 @@ class QueuedRequest:
     enqueued_at: float
     deadline: float | None  # clock seconds; None: no TTL
     seq: int  # arrival order
+    # enqueued_at + the request's TTFT objective (SLO headers); inf without one
+    slo_deadline: float = math.inf
     waiter: asyncio.Future[None] | None = field(default=None, repr=False)
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
@@ -54,12 +57,15 @@ class _Band:
         self.bytes = 0
 
     def key(self, item: QueuedRequest) -> tuple[float, int]:
-        if self.config.ordering == fp.EDF:
+        ordering = self.config.ordering
+        if ordering == fp.EDF:
             return (item.deadline if item.deadline is not None else math.inf, item.seq)
+        if ordering == fp.SLO_DEADLINE:
+            return (item.slo_deadline, item.seq)
         return (0.0, item.seq)
 
     def head(self, items: deque[QueuedRequest]) -> QueuedRequest:
-        if self.config.ordering == fp.EDF:
+        if self.config.ordering != fp.FCFS:
             return min(items, key=self.key)
         return items[0]
 

@@ -101,6 +101,7 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             flow_policies.ROUND_ROBIN_SPEC,
             flow_policies.FCFS_SPEC,
             flow_policies.EDF_SPEC,
+            flow_policies.SLO_DEADLINE_SPEC,
             flow_policies.STATIC_USAGE_LIMIT_SPEC,
             token_producer.SPEC,
         )

@@ -107,10 +107,15 @@ def test_unknown_keys_are_warned_once(caplog: pytest.LogCaptureFixture) -> None:
         ({"priorityBands": [{"maxBytes": 1}]}, "has no priority"),
         ({"priorityBands": [{"priority": 1}, {"priority": 1}]}, "priority 1 given twice"),
         ({"defaultPriorityBand": {"fairnessPolicyRef": "fcfs-ordering-policy"}}, "not a fairness-policy"),
-        ({"defaultPriorityBand": {"orderingPolicyRef": "slo-deadline-ordering-policy"}}, "not a ordering-policy"),
+        ({"defaultPriorityBand": {"orderingPolicyRef": "lifo-ordering-policy"}}, "not a ordering-policy"),
         ({"usageLimitPolicyPluginRef": "nope"}, "is not declared"),
     ],
 )
 def test_bad_sections_are_config_errors(raw: dict[str, object], message: str) -> None:
     with pytest.raises(errors.ConfigError, match=message):
         parse_flow_config(raw, {})
+
+
+def test_slo_deadline_ordering_is_accepted_by_name() -> None:
+    flow = parse_flow_config({"defaultPriorityBand": {"orderingPolicyRef": "slo-deadline-ordering-policy"}}, {})
+    assert flow.band(0).ordering == "slo-deadline-ordering-policy"

@@ -66,6 +66,22 @@ def test_edf_orders_by_deadline_then_arrival() -> None:
     assert drain(queue) == [soon, late, none, none2]
 
 
+def test_slo_deadline_orders_by_arrival_plus_ttft_objective() -> None:
+    import dataclasses
+
+    from picker.admission.flow import _slo_deadline
+
+    queue = FlowQueue(FlowConfig(default_band=BandConfig(ordering="slo-deadline-ordering-policy")))
+    loose, none, tight, alias = item(), item(), item(), item()
+    loose.req = dataclasses.replace(loose.req, headers={"x-llm-d-slo-ttft-ms": "5000"})
+    tight.req = dataclasses.replace(tight.req, headers={"x-llm-d-slo-ttft-ms": "200"})
+    alias.req = dataclasses.replace(alias.req, headers={"x-slo-ttft-ms": "1000"})
+    for x in (loose, none, tight, alias):
+        x.slo_deadline = _slo_deadline(x.req, x.enqueued_at)
+        queue.push(x)
+    assert drain(queue) == [tight, alias, loose, none]
+
+
 def test_capacity_global_and_per_band() -> None:
     queue = FlowQueue(FlowConfig(max_requests=2, bands={1: BandConfig(max_bytes=15)}))
     assert queue.capacity_error(1, 10) is None

@@ -9,6 +9,8 @@ Declared in ``plugins[]`` and named by the ``flowControl`` section (``fairnessPo
   the others.
 * ``fcfs-ordering-policy`` (default): a flow's requests leave in arrival order.
 * ``edf-ordering-policy``: earliest deadline (arrival + TTL) first; requests without a TTL after them, by arrival.
+* ``slo-deadline-ordering-policy`` (llm-d's): earliest SLO deadline first, arrival + the request's TTFT objective
+  (``x-llm-d-slo-ttft-ms``, or ``x-slo-ttft-ms``); requests without one after them, by arrival.
 * ``static-usage-limit-policy``: the saturation ceiling above which nothing is dispatched, ``threshold`` 1.0.
 
 No other parameters.
@@ -31,6 +33,8 @@ __all__ = [
     "ORDERING",
     "ROUND_ROBIN",
     "ROUND_ROBIN_SPEC",
+    "SLO_DEADLINE",
+    "SLO_DEADLINE_SPEC",
     "SPEC",
     "STATIC_USAGE_LIMIT",
     "STATIC_USAGE_LIMIT_SPEC",
@@ -44,6 +48,7 @@ GLOBAL_STRICT = "global-strict-fairness-policy"
 ROUND_ROBIN = "round-robin-fairness-policy"
 FCFS = "fcfs-ordering-policy"
 EDF = "edf-ordering-policy"
+SLO_DEADLINE = "slo-deadline-ordering-policy"
 STATIC_USAGE_LIMIT = "static-usage-limit-policy"
 TYPE = GLOBAL_STRICT
 
@@ -73,4 +78,5 @@ SPEC = _policy(GLOBAL_STRICT, FAIRNESS)
 ROUND_ROBIN_SPEC = _policy(ROUND_ROBIN, FAIRNESS)
 FCFS_SPEC = _policy(FCFS, ORDERING)
 EDF_SPEC = _policy(EDF, ORDERING)
+SLO_DEADLINE_SPEC = _policy(SLO_DEADLINE, ORDERING)
 STATIC_USAGE_LIMIT_SPEC = PluginSpec(STATIC_USAGE_LIMIT, UsageLimitParams, _usage_limit, kind=USAGE_LIMIT)

@@ -32,14 +32,14 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import Field
 
 from picker.plugins import Category, CycleState, Endpoint, InferenceRequest, PluginContext, PluginParams
-from picker.request import headers as hdr
+from picker.request.slo import Slo, slo_of
 from picker.scheduling.framework import UNCACHED_TOKENS, ResponseInfo, SchedulingResult, Scorer
 from picker.scheduling.plugins.prefix import PrefixMatch
 from picker.scheduling.scores import ScoreVector
 from picker.scheduling.servermodel import Estimate, ServerModel, answer_tokens
 from picker.scheduling.spec import PluginSpec
 
-__all__ = ["SPEC", "TYPE", "LatencyScorer", "Params", "Slo", "create", "slo_of"]
+__all__ = ["SPEC", "TYPE", "LatencyScorer", "Params", "create"]
 
 TYPE = "latency-scorer"
 _FEASIBLE_FLOOR = 0.5  # candidates meeting every objective score at least this; the others below it
@@ -58,34 +58,6 @@ class PrefixSource(Protocol):
     """A plugin that matches a request against its prefix index (``prefix-cache-scorer``)."""
 
     def match(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> PrefixMatch: ...
-
-
-class Slo:
-    """A request's latency objectives in seconds (None: not set)."""
-
-    __slots__ = ("tpot_s", "ttft_s")
-
-    def __init__(self, ttft_s: float | None, tpot_s: float | None) -> None:
-        self.ttft_s = ttft_s
-        self.tpot_s = tpot_s
-
-
-def _millis(headers: Mapping[str, str], name: str, alias: str) -> float | None:
-    raw = headers.get(name) or headers.get(alias)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value / 1000.0 if value > 0.0 else None
-
-
-def slo_of(req: InferenceRequest) -> Slo | None:
-    """The request's SLO headers (milliseconds, positive numbers; anything else is ignored)."""
-    ttft = _millis(req.headers, hdr.SLO_TTFT, hdr.SLO_TTFT_DEPRECATED)
-    tpot = _millis(req.headers, hdr.SLO_TPOT, hdr.SLO_TPOT_DEPRECATED)
-    return None if ttft is None and tpot is None else Slo(ttft, tpot)
 
 
 class LatencyScorer:

@@ -8,6 +8,7 @@ from picker import errors
 from picker.control.director import acquire_lease
 from picker.endpoints.model import Endpoint
 from picker.plugins import CycleState
+from picker.request.slo import Slo, slo_of
 from picker.scheduling.config import load_config
 from picker.scheduling.plugins import latency
 from picker.scheduling.scheduler import Scheduler
@@ -61,12 +62,12 @@ def test_when_the_reports_change_the_next_request_follows() -> None:
 
 
 def test_slo_headers_in_both_spellings() -> None:
-    assert latency.slo_of(request()) is None
-    slo = latency.slo_of(request(headers={"x-llm-d-slo-ttft-ms": "250", "x-slo-tpot-ms": "40"}))
+    assert slo_of(request()) is None
+    slo = slo_of(request(headers={"x-llm-d-slo-ttft-ms": "250", "x-slo-tpot-ms": "40"}))
     assert slo is not None
     assert slo.ttft_s == 0.25
     assert slo.tpot_s == 0.04
-    assert latency.slo_of(request(headers={"x-slo-ttft-ms": "soon", "x-llm-d-slo-tpot-ms": "-3"})) is None
+    assert slo_of(request(headers={"x-slo-ttft-ms": "soon", "x-llm-d-slo-tpot-ms": "-3"})) is None
 
 
 def _scorer(**params: object) -> latency.LatencyScorer:
@@ -78,17 +79,17 @@ def _scorer(**params: object) -> latency.LatencyScorer:
 def test_with_slos_the_least_headroom_that_meets_them_wins() -> None:
     scorer = _scorer()
     found = [Estimate(t, 0.02, t, 0.0, 1.0) for t in (0.05, 0.2, 0.4)]
-    scores = scorer._headroom_scores(found, latency.Slo(0.3, None))
+    scores = scorer._headroom_scores(found, Slo(0.3, None))
     assert scores[1] == 1.0  # meets 300 ms with the least to spare
     assert 0.5 <= scores[0] < 1.0
     assert scores[2] == 0.0  # misses it
-    most = _scorer(headroomSelectionStrategy="most")._headroom_scores(found, latency.Slo(0.3, None))
+    most = _scorer(headroomSelectionStrategy="most")._headroom_scores(found, Slo(0.3, None))
     assert most[0] == 1.0
 
 
 def test_when_no_server_meets_the_slo_the_smallest_shortfall_wins() -> None:
     found = [Estimate(t, 0.02, t, 0.0, 1.0) for t in (0.5, 0.4, 0.9)]
-    scores = _scorer()._headroom_scores(found, latency.Slo(0.3, 0.05))
+    scores = _scorer()._headroom_scores(found, Slo(0.3, 0.05))
     assert max(scores) == scores[1] < 0.5
     assert scores[2] < scores[0]
 
