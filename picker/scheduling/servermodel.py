@@ -21,8 +21,8 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   a slow server is slow at prefill too. At least one step emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
-it was seen queueing with KV room to spare (a server never seen queueing takes the pool's median of the known
-limits; none known: no slot limit). ``s_per_token`` is learned
+it was seen there with a queue and KV room to spare in several reports (a server without a known limit takes the
+pool's median of the known ones; none known: no slot limit). ``s_per_token`` is learned
 from picker's own first tokens (the part of each observed TTFT beyond the predicted fixed part, per token,
 divided by that server's speed), starting from ``DEFAULT_S_PER_TOKEN``. The mean answer per model is learned
 from completions. The objective is the request's expected end to end time, ``ttft_e + (answer - 1) * step_e``:
@@ -65,6 +65,7 @@ DEFAULT_ANSWER_TOKENS = 256.0  # a model's mean answer before any completion is 
 _ALPHA = 0.05  # moving averages over about the last 20 observations
 _MIN_PREFILL_TOKENS = 8  # a first token teaches the prefill rate only when it had this many tokens to compute
 _PREFILL_SAMPLES = 64  # the prefill rate is the median of this many recent samples (one long queue is no rate)
+_PINNED = 3  # reports at the same most-running count with a queue that make it the server's slot limit
 _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
 _FIT_ALPHA = 0.02  # the step-time fit: exponentially weighted over about the last 50 completions
@@ -82,8 +83,8 @@ class Estimate:
     speed: float  # how much slower than the pool's fit the server has been
     slot_wait_s: float = 0.0  # the part of ttft_s spent waiting for a sequence slot
     batch: float = 0.0  # the requests the server runs, as estimated
-    # How much longer a typical request arriving next would wait there because this one went first: what taking
-    # that server's last free slot (or KV room) costs the requests behind it.
+    # How much longer a typical request arriving next would wait there because this one went first: this one's
+    # prefill ahead of it, and the wait for a slot (or KV room) if this one takes the last.
     next_delay_s: float = 0.0
 
     def e2e_s(self, answer_tokens: float) -> float:
@@ -195,10 +196,11 @@ class ServerModel:
         "_batch",
         "_ctx",
         "_fit",
-        "_limited",
         "_most_running",
+        "_pinned",
         "_prefill_samples",
         "_prompt_tokens",
+        "_seen",
         "_speed",
         "s_per_token",
     )
@@ -206,7 +208,9 @@ class ServerModel:
     def __init__(self, ctx: PluginContext) -> None:
         self._ctx = ctx
         self._most_running: dict[str, int] = {}  # the most requests each server was seen running
-        self._limited: set[str] = set()  # servers seen queueing with KV room to spare: their most is their limit
+        # Reports of each server at its most running with requests waiting and KV to spare (reset when it runs more)
+        self._pinned: dict[str, int] = {}
+        self._seen: dict[str, float] = {}  # the last report read of each server (its updated_at)
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
         self._fit = StepFit()
@@ -218,28 +222,31 @@ class ServerModel:
     # -- learning ---------------------------------------------------------------------------------------------
     def observe_reports(self, endpoints: Sequence[Endpoint]) -> None:
         """Learn slot capacities from fresh reports: a server runs at least as many requests as it was ever seen
-        running; the limit counts once it was seen queueing with KV room to spare (a full KV cache bounds it below
-        its slots, and the estimate counts KV apart)."""
+        running, and that is its limit once it was seen ``_PINNED`` times at it with requests waiting and KV room
+        to spare. A queue at a running count that keeps rising is prefill work waiting for its step (the token
+        budget), not a slot limit; a full KV cache bounds the batch below the slots (the estimate counts KV apart)."""
         now = self._ctx.clock()
         max_age = self._ctx.metrics_max_age_s
-        most, limited = self._most_running, self._limited
+        most, pinned = self._most_running, self._pinned
         for e in endpoints:
             m = e.metrics
-            if now - m.updated_at > max_age:
-                continue
+            if m.updated_at == self._seen.get(e.key) or now - m.updated_at > max_age:
+                continue  # a report counts once
             key = e.key
+            self._seen[key] = m.updated_at
             if m.running > most.get(key, 0):
                 most[key] = m.running
-            if m.waiting > 0 and m.kv_usage < _KV_BOUND and key not in limited:
-                limited.add(key)
+                pinned[key] = 0
+            if m.waiting > 0 and m.running == most[key] and m.kv_usage < _KV_BOUND:
+                pinned[key] = pinned.get(key, 0) + 1
 
     def capacity(self, key: str) -> int:
         """A server's slots: the most it ran, once it was seen queueing; for one never seen queueing, the pool's
         median of the known ones, if above what it ran; 0: unknown (no limit)."""
         most = self._most_running.get(key, 0)
-        if key in self._limited:
+        if self._pinned.get(key, 0) >= _PINNED:
             return most
-        known = [self._most_running[k] for k in self._limited if k in self._most_running]
+        known = [self._most_running[k] for k, n in self._pinned.items() if n >= _PINNED]
         if not known:
             return 0
         return max(most, int(statistics.median(known)))
@@ -281,10 +288,9 @@ class ServerModel:
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop what was learned of servers that left the pool."""
-        for table in (self._most_running, self._batch, self._speed):
+        for table in (self._most_running, self._pinned, self._seen, self._batch, self._speed):
             for key in [k for k in table if k not in keys]:
                 del table[key]
-        self._limited &= set(keys)
 
     # -- estimating -------------------------------------------------------------------------------------------
     def estimate(
@@ -331,7 +337,16 @@ class ServerModel:
             fixed = wait + step + _adapter_wait(e, model, mean_answer * step)
             tokens = ahead_tokens + u
             out.append(
-                Estimate(fixed + tokens * s_tok * speed, step, fixed, tokens, speed, wait, batch, next_wait - wait)
+                Estimate(
+                    fixed + tokens * s_tok * speed,
+                    step,
+                    fixed,
+                    tokens,
+                    speed,
+                    wait,
+                    batch,
+                    next_wait - wait + u * s_tok * speed,
+                )
             )
         return out
 

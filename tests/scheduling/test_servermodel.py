@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from picker.endpoints.model import Endpoint
 from picker.scheduling import servermodel
 from picker.scheduling.servermodel import Demand, Estimate, ServerModel, StepFit, answer_tokens, start_wait_s
 from tests.conftest import endpoint
@@ -69,24 +70,36 @@ def test_the_step_fit_without_varying_batches_is_the_mean() -> None:
     assert fit.coefficients() == pytest.approx((0.05, 0.0))
 
 
-def test_capacity_is_the_most_a_server_ran_once_it_was_seen_queueing() -> None:
+def _report(i: int, waiting: int, running: int, at: float, kv: float = 0.0) -> Endpoint:
+    return endpoint(i, waiting=waiting, running=running, kv=kv, updated_at=at)
+
+
+def test_capacity_is_the_most_a_server_ran_seen_there_with_a_queue_in_several_reports() -> None:
     model = ServerModel(ctx())
-    full, idle, stale = endpoint(1, waiting=3, running=12), endpoint(2, running=5), endpoint(3, waiting=2, running=30)
-    stale = dataclasses.replace(stale, metrics=dataclasses.replace(stale.metrics, updated_at=1.0))
-    kv_bound = endpoint(4, waiting=2, running=40, kv=0.95)
-    assert model.capacity(idle.key) == 0  # nothing learned: no limit
-    model.observe_reports([full, idle, stale, kv_bound])
-    assert model.capacity(full.key) == 12
-    assert model.capacity(idle.key) == 12  # never seen queueing: the pool's
-    assert model.capacity(stale.key) == 12  # a stale report teaches nothing
-    assert model.capacity(kv_bound.key) == 40  # queueing on a full KV cache says nothing of the slots: the pool's
-    model.observe_reports([endpoint(1, waiting=0, running=16), endpoint(1, waiting=1, running=2)])
-    assert model.capacity(full.key) == 16  # a queue seen at 12 was a moment's: it ran 16
+    assert model.capacity(_report(1, 0, 0, 1000.0).key) == 0  # nothing learned: no limit
+    for t in (999.7, 999.8, 999.9):
+        model.observe_reports([_report(1, 3, 12, t), _report(2, 0, 5, t), _report(3, 2, 40, t, kv=0.95)])
+    key1, key2, key3 = (_report(i, 0, 0, 0.0).key for i in (1, 2, 3))
+    assert model.capacity(key1) == 12
+    assert model.capacity(key2) == 12  # no limit of its own: the pool's
+    assert model.capacity(key3) == 40  # queueing on a full KV cache says nothing of the slots; it ran 40
+    model.observe_reports([_report(1, 3, 12, 999.9)])  # the same report again counts once
+    model.observe_reports([_report(1, 0, 16, 1000.0)])  # it ran more: 16, not yet a limit
+    assert model.capacity(key1) == 0  # no limit known in the pool any more: none
+
+
+def test_a_queue_while_the_batch_grows_is_no_slot_limit() -> None:
+    model = ServerModel(ctx())
+    for i, t in enumerate((999.5, 999.6, 999.7, 999.8)):
+        model.observe_reports([_report(1, 4, 20 + 5 * i, t)])  # prefills waiting for the step's token budget
+    assert model.capacity(_report(1, 0, 0, 0.0).key) == 0
 
 
 def test_a_full_server_of_long_answers_waits_longer_than_one_of_short_answers() -> None:
     c = ctx()
     model = ServerModel(c)
+    for t in (999.8, 999.9):
+        model.observe_reports([_report(1, 1, 2, t), _report(2, 1, 2, t)])
     longs, shorts = endpoint(1, waiting=1, running=2), endpoint(2, waiting=1, running=2)
     model.observe_reports([longs, shorts])
     now = c.clock()

@@ -30,15 +30,28 @@ schedulingProfiles:
 """
 
 
-def _pool(waiting: tuple[int, ...], running: int = 4) -> list[Endpoint]:
+def _pool(waiting: tuple[int, ...], running: int = 4, at: float = 1000.0) -> list[Endpoint]:
     # own_requests=0: the reports hold none of picker's requests (the poller notes picker's count at each scrape)
-    return [endpoint(i + 1, waiting=w, running=running, own_requests=0) for i, w in enumerate(waiting)]
+    return [
+        endpoint(i + 1, waiting=w, running=running, own_requests=0, updated_at=at) for i, w in enumerate(waiting)
+    ]
+
+
+def _scraped(scheduler: Scheduler | latency.LatencyScorer, waiting: tuple[int, ...]) -> list[Endpoint]:
+    """The pool as three scrapes reported it (a queue seen at the same batch in several reports is a slot limit)."""
+    for at in (999.8, 999.9):
+        pool = _pool(waiting, at=at)
+        if isinstance(scheduler, Scheduler):
+            scheduler.schedule(request(), pool)
+        else:
+            scheduler.score(request(), pool, CycleState())
+    return _pool(waiting)
 
 
 def test_a_burst_fills_the_idle_server_until_its_queue_reaches_the_others() -> None:
     c = ctx()
     scheduler = Scheduler(load_config(CONFIG, c), c)
-    pool = _pool((5, 0, 9))  # full servers (4 running) with 5, 0 and 9 waiting
+    pool = _scraped(scheduler, (5, 0, 9))  # full servers (4 running) with 5, 0 and 9 waiting
     chosen: list[str] = []
     for i in range(12):
         req = request(request_id=f"r{i}")  # answers of the model's mean length, as the others' are taken to be
@@ -55,9 +68,9 @@ def test_a_burst_fills_the_idle_server_until_its_queue_reaches_the_others() -> N
 def test_when_the_reports_change_the_next_request_follows() -> None:
     c = ctx()
     scheduler = Scheduler(load_config(CONFIG, c), c)
-    before = _pool((5, 0, 9))
+    before = _scraped(scheduler, (5, 0, 9))
     assert scheduler.schedule(request(), before).targets[0].key == before[1].key
-    after = _pool((9, 5, 0))
+    after = _pool((9, 5, 0), at=1000.1)
     assert scheduler.schedule(request(), after).targets[0].key == after[2].key
 
 
@@ -96,7 +109,7 @@ def test_when_no_server_meets_the_slo_the_smallest_shortfall_wins() -> None:
 
 def test_requests_without_slos_prefer_the_lowest_predicted_end_to_end_time() -> None:
     scorer = _scorer()
-    pool = _pool((3, 0, 1))
+    pool = _scraped(scorer, (3, 0, 1))
     scores = scorer.score(request(max_tokens=16, fixed_output=True), pool, CycleState())
     assert scores[pool[1]] == 1.0
     assert scores[pool[1]] > scores[pool[2]] > scores[pool[0]]
