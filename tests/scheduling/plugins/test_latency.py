@@ -32,9 +32,7 @@ schedulingProfiles:
 
 def _pool(waiting: tuple[int, ...], running: int = 4, at: float = 1000.0) -> list[Endpoint]:
     # own_requests=0: the reports hold none of picker's requests (the poller notes picker's count at each scrape)
-    return [
-        endpoint(i + 1, waiting=w, running=running, own_requests=0, updated_at=at) for i, w in enumerate(waiting)
-    ]
+    return [endpoint(i + 1, waiting=w, running=running, own_requests=0, updated_at=at) for i, w in enumerate(waiting)]
 
 
 def _scraped(scheduler: Scheduler | latency.LatencyScorer, waiting: tuple[int, ...]) -> list[Endpoint]:
