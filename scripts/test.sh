@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: lint, types, import layers, then the whole test suite (unit, protocol, e2e with real Envoy).
+# The test command: its setup (scripts/install-test.sh: dev extras, the native front, the test tools), then lint,
+# types, import layers and the whole test suite (unit, protocol, e2e with real Envoy, NGF, a real control plane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/install-test.sh
 export PATH="$PWD/.venv/bin:$PWD/.tools/bin:$PATH"
 echo "== ruff";  ruff check . && ruff format --check picker tests
 echo "== mypy";  mypy
