@@ -237,7 +237,7 @@ class ServerModel:
             if m.running > most.get(key, 0):
                 most[key] = m.running
                 pinned[key] = 0
-            if m.waiting > 0 and m.running == most[key] and m.kv_usage < _KV_BOUND:
+            if m.waiting > 0 and m.running == most.get(key, 0) and m.kv_usage < _KV_BOUND:
                 pinned[key] = pinned.get(key, 0) + 1
 
     def capacity(self, key: str) -> int:

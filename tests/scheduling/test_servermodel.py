@@ -90,6 +90,7 @@ def test_capacity_is_the_most_a_server_ran_seen_there_with_a_queue_in_several_re
 
 def test_a_queue_while_the_batch_grows_is_no_slot_limit() -> None:
     model = ServerModel(ctx())
+    model.observe_reports([_report(1, 2, 0, 999.4)])  # a server that has run nothing yet, with a queue
     for i, t in enumerate((999.5, 999.6, 999.7, 999.8)):
         model.observe_reports([_report(1, 4, 20 + 5 * i, t)])  # prefills waiting for the step's token budget
     assert model.capacity(_report(1, 0, 0, 0.0).key) == 0
