@@ -196,6 +196,8 @@ class ServerModel:
         "_batch",
         "_ctx",
         "_fit",
+        "_last_arrival",
+        "_mean_gap_s",
         "_most_running",
         "_pinned",
         "_prefill_samples",
@@ -216,8 +218,13 @@ class ServerModel:
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
+        self._last_arrival: float | None = None
+        self._mean_gap_s: float | None = None  # mean time between two requests picker routed, lately
         self._prefill_samples: deque[float] = deque(maxlen=_PREFILL_SAMPLES)
         self.s_per_token = DEFAULT_S_PER_TOKEN
+
+    def now(self) -> float:
+        return self._ctx.clock()
 
     # -- learning ---------------------------------------------------------------------------------------------
     def observe_reports(self, endpoints: Sequence[Endpoint]) -> None:
@@ -271,6 +278,22 @@ class ServerModel:
 
     def mean_answer(self, model: str) -> float:
         return self._answers.get(model, DEFAULT_ANSWER_TOKENS)
+
+    def observe_arrival(self, now: float) -> None:
+        """A request was routed at ``now``: the pool's arrival rate (picker's own routing) follows."""
+        last = self._last_arrival
+        self._last_arrival = now
+        if last is None:
+            return
+        gap = max(0.0, now - last)
+        mean = self._mean_gap_s
+        self._mean_gap_s = gap if mean is None else mean + _ALPHA * (gap - mean)
+
+    @property
+    def arrivals_per_s(self) -> float:
+        """Requests picker routes per second, lately (0 before two arrivals)."""
+        mean = self._mean_gap_s
+        return 1.0 / mean if mean else 0.0
 
     def observe_prompt(self, tokens: float) -> None:
         mean = self._prompt_tokens

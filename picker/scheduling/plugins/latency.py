@@ -109,7 +109,8 @@ class LatencyScorer:
         answer: float = cycle[self._state_key][2]
         slo = slo_of(req)
         if slo is None:
-            costs = [x.e2e_s(answer) + x.next_delay_s for x in found]
+            per_server = self.model.arrivals_per_s / len(endpoints)
+            costs = [x.e2e_s(answer) + x.next_delay_s * (1.0 + per_server * x.ttft_s) for x in found]
             best = min(costs)
             return ScoreVector(endpoints, [best / c if c > 0.0 else 1.0 for c in costs])
         return ScoreVector(endpoints, self._headroom_scores(found, slo))
@@ -157,6 +158,7 @@ class LatencyScorer:
         if state is None:
             return
         endpoints, found, _ = state
+        self.model.observe_arrival(self.model.now())
         target = result.targets[0].key
         for e, x in zip(endpoints, found, strict=True):
             if e.key == target:
