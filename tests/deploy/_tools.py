@@ -26,7 +26,7 @@ def tool(name: str) -> Path:
     """Path of a pinned tool; fails the test (never skips) when it is not installed."""
     path = TOOLS_BIN / name
     if not path.exists():
-        pytest.fail(f"{path} is missing: run `bash scripts/install-tools.sh` (the test command runs it: scripts/install-test.sh)")
+        pytest.fail(f"{path} is missing: run `bash scripts/install-test.sh` (the test command runs it)")
     return path
 
 
