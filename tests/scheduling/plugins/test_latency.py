@@ -12,6 +12,7 @@ from picker.request.slo import Slo, slo_of
 from picker.scheduling.config import load_config
 from picker.scheduling.plugins import latency
 from picker.scheduling.scheduler import Scheduler
+from picker.scheduling.plugins.prefix import PrefixMatch
 from picker.scheduling.servermodel import Estimate
 from tests.conftest import endpoint, request
 from tests.scheduling.helpers import ctx
@@ -122,3 +123,29 @@ def test_prefix_from_must_name_a_declared_prefix_index() -> None:
     )
     with pytest.raises(errors.ConfigError, match="no prefix index"):
         load_config(not_prefix, ctx())
+
+
+class _HeldBy:
+    """A prefix index that says ``holder`` caches the whole prompt and nobody else any of it."""
+
+    def __init__(self, holder: Endpoint, tokens: float) -> None:
+        self.holder, self.tokens = holder, tokens
+
+    def match(self, req: object, endpoints: object, cycle: CycleState) -> PrefixMatch:
+        return PrefixMatch({self.holder.key: 32}, 32, 64, 32 * 64, self.tokens)
+
+
+def test_under_load_a_cached_prompt_stays_where_it_is_cached_despite_a_backlog() -> None:
+    c = ctx()
+    scorer = latency.LatencyScorer("l", latency.Params.model_validate({"prefixFrom": ""}), c)
+    holder, idle = endpoint(1, own_requests=0), endpoint(2, own_requests=0)
+    scorer._prefix = _HeldBy(holder, 2048.0)
+    c.inflight.acquire(holder.key, 5000, c.clock(), prefill_tokens=5000)  # 0.5 s of prefill ahead there
+    req = request(prompt_tokens=2048, max_tokens=8, fixed_output=True)
+    quiet = scorer.score(req, [holder, idle], CycleState())
+    assert quiet[idle] > quiet[holder]  # few arrivals: computing the prompt on the idle server is quicker
+    for _ in range(200):  # picker routes 100 requests a second
+        c.clock.advance(0.01)  # type: ignore[attr-defined]
+        scorer.model.observe_arrival(c.clock())
+    busy = scorer.score(req, [holder, idle], CycleState())
+    assert busy[holder] > busy[idle]  # the prefill would delay every request arriving at the idle server behind it
