@@ -11,8 +11,8 @@ from picker.plugins import CycleState
 from picker.request.slo import Slo, slo_of
 from picker.scheduling.config import load_config
 from picker.scheduling.plugins import latency
-from picker.scheduling.scheduler import Scheduler
 from picker.scheduling.plugins.prefix import PrefixMatch
+from picker.scheduling.scheduler import Scheduler
 from picker.scheduling.servermodel import Estimate
 from tests.conftest import endpoint, request
 from tests.scheduling.helpers import ctx
