@@ -25,8 +25,15 @@ it was seen there with a queue and KV room to spare in several reports (a server
 pool's median of the known ones; none known: no slot limit). ``s_per_token`` is learned
 from picker's own first tokens (the part of each observed TTFT beyond the predicted fixed part, per token,
 divided by that server's speed), starting from ``DEFAULT_S_PER_TOKEN``. The mean answer per model is learned
-from completions. The objective is the request's expected end to end time, ``ttft_e + (answer - 1) * step_e``:
-for a short answer its TTFT, for a long one mostly its TPOT.
+from completions, picker's routing rate from its own decisions.
+
+What going to ``e`` costs the others, ``next_delay_e``: a typical request arriving right after this one waits for
+this one's prefill, and for a slot or KV room if this one takes the last. The requests that arrive at ``e`` while
+this one waits (routing rate / servers x ``ttft_e``) are all delayed so (the marginal cost of work added to a
+queue), so the scorer's cost is ``ttft_e + (answer - 1) * step_e + next_delay_e * (1 + rate_e * ttft_e)``: the
+request's own end-to-end time (for a short answer its TTFT, for a long one mostly its TPOT) plus its delay to the
+requests behind it. Under load that keeps a prompt where it is cached: computing it elsewhere delays everyone
+queued behind it there.
 
 Traffic picker did not route (other replicas, clients that bypass picker) enters through the servers' reported
 counts (``PluginContext.server_load``).
