@@ -36,9 +36,9 @@ def run_settings(settings: Settings, kube: kubesettings.KubeSettings | None) -> 
 
 
 def _freeze_startup_heap() -> None:
-    """Move what start-up made (modules, configuration, the servers: ~80,000 objects) out of the collector's
-    reach. Every full collection walked them all, a ~50 ms pause of every request in flight, a few times a
-    minute under load (docs/performance.md); they live as long as the process, so there is nothing to find."""
+    """Move what start-up made (modules, configuration, the servers) out of the collector's reach: every full
+    collection walked them all, pausing every request in flight (docs/performance.md); they live as long as the
+    process, so there is nothing to find."""
     gc.collect()
     gc.freeze()
 
