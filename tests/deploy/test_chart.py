@@ -33,7 +33,7 @@ BASE: dict[str, Any] = {"inferencePool": {"modelServers": {"matchLabels": LABELS
 V1ALPHA2 = {"inferencePool": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"}}
 ENGINES = ("vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve")
 
-# `picker serve` flags (picker/app.py). Anything else in the args is a chart bug — e.g. the reference chart's
+# `picker serve` flags (picker/app/flags.py). Anything else in the args is a chart bug — e.g. the reference chart's
 # deprecated per-metric-name flags (reference defect 14).
 PICKER_FLAGS = {
     "tracing",

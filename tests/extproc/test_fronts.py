@@ -124,13 +124,13 @@ async def test_a_taken_port_is_a_config_error() -> None:
 
 
 def test_native_asked_for_but_not_built_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from picker import app
+    from picker.app import listen
 
     monkeypatch.setattr(native, "AVAILABLE", False)
     server = dataclasses.replace(settings().server, grpc_frontend="native")
     with pytest.raises(errors.ConfigError, match="not built"):
-        app._native_frontend(server)
-    assert not app._native_frontend(dataclasses.replace(server, grpc_frontend="auto"))  # auto falls back
+        listen.native_frontend(server)
+    assert not listen.native_frontend(dataclasses.replace(server, grpc_frontend="auto"))  # auto falls back
 
 
 def test_the_native_front_is_built_here() -> None:
