@@ -279,13 +279,11 @@ async def _ngf(
     """nginx (+ the shim when picker is in the path) in a temporary prefix directory."""
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="picker-demo-ngf-")))
     children = []
-    shim_port = procs.free_port()
     if picker_port is not None:
-        children.append(await stack.enter_async_context(ngf.run_shim(shim_port, on_start=on_start)))
+        children.append(await stack.enter_async_context(ngf.run_shim(on_start=on_start)))
     config = ngf.render(
         directory / "nginx",
         listen_port=listen,
-        shim_port=shim_port,
         picker_host="127.0.0.1",
         picker_port=picker_port or 0,
         backends=[("127.0.0.1", p) for p in ports],

@@ -39,18 +39,17 @@ class Stack:
 async def stack(
     tmp_path: Path, *, failure_mode: str = ngf.FAIL_CLOSE, queues: tuple[int, ...] = (10, 0, 5), tls: bool = True
 ) -> AsyncIterator[Stack]:
-    listen_port, shim_port = free_port(), free_port()
+    listen_port = free_port()
     async with picker_over_backends(queues, [f"--secure-serving={'true' if tls else 'false'}"]) as pool:
         config = ngf.render(
             tmp_path / "nginx",
             listen_port=listen_port,
-            shim_port=shim_port,
             picker_host="127.0.0.1",
             picker_port=pool.grpc_port,
             backends=[("127.0.0.1", b.port) for b in pool.backends],
             failure_mode=failure_mode,
         )
-        async with ngf.run_shim(shim_port, tls=tls) as shim, ngf.run_nginx(config, listen_port) as nginx:
+        async with ngf.run_shim(tls=tls) as shim, ngf.run_nginx(config, listen_port) as nginx:
             yield Stack(f"http://127.0.0.1:{listen_port}", pool.backends, pool.picker, nginx, shim)
             for child in (nginx, shim):
                 child.check()
@@ -150,5 +149,5 @@ async def test_picker_refusing_a_request_is_bypassed(tmp_path: Path) -> None:
     assert (status_text, picked, uri) == ("500", '""', "/v1/completions")
     assert upstream.strip('"') in {b.hostport for b in s.backends}  # the pool's upstream, not a pick
     log = (tmp_path / "nginx" / "error.log").read_text()
-    assert "no inference endpoint from the EndpointPicker: status 400" in log
+    assert "could not get specific inference endpoint from EndpointPicker; status: 400" in log
     assert "inference error: BadRequest" in log
