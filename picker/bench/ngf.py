@@ -104,7 +104,7 @@ _POOL_ROUTE = """\
 
 _NGINX_CONF = """\
 load_module __JS_MODULE__;
-daemon off;
+__USER__daemon off;
 master_process on;
 worker_processes 1;
 pid __DIR__/nginx.pid;
@@ -166,8 +166,6 @@ __ROUTE__
             proxy_set_header Host "$gw_api_compliant_host";
             proxy_set_header X-Forwarded-For "$proxy_add_x_forwarded_for";
             proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 300s;
             proxy_pass http://$inference_backend___UPSTREAM__$request_uri;
         }
     }
@@ -199,16 +197,16 @@ def render(
         raise ValueError("the pool needs at least one endpoint")
     script = epp_js() if with_picker else None
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "tmp"
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (tmp / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp / sub, 0o777)  # nginx workers of a root master run as nobody
-    os.chmod(directory, 0o755)
+        (directory / "tmp" / sub).mkdir(parents=True, exist_ok=True)
     body = ""
     if body_buffer is not None:
         body = f"        client_body_buffer_size {body_buffer};\n        client_max_body_size {body_buffer};\n"
+    # Workers of a root master would run as nobody, who can't reach a private temporary directory (pytest's).
+    user = "user root;\n" if os.geteuid() == 0 else ""
     conf = (
         _NGINX_CONF.replace("__JS_MODULE__", str(JS_MODULE))
+        .replace("__USER__", user)
         .replace("__DIR__", str(directory))
         .replace("__EPP_JS__", str(script) if script else "")
         .replace("__UPSTREAM__", UPSTREAM)
