@@ -262,6 +262,7 @@ async def run_shim(
             portlock.hold(SHIM_PORT, wait_s=lock_wait_s),
             procs.spawn("ngf-shim", argv, on_start=on_start) as child,
         ):
+            child.dies_on_sigterm = True  # the shim handles no signal
             await _wait_tcp("127.0.0.1", SHIM_PORT, 20.0, child)
             yield child
     except portlock.PortBusy as exc:

@@ -146,13 +146,18 @@ async def test_picker_restart(tmp_path: Path) -> None:
 
 async def test_model_rewrite_and_control_headers_are_not_applied(tmp_path: Path) -> None:
     """picker decides for the rewritten model and answers the shim with the new body and header changes; NGF's
-    shim reads only the destination, so the model server gets the client's body and headers unchanged."""
+    shim reads only the destination, so the model server gets the client's body and headers unchanged. A client's
+    own destination header is never followed (the shim takes the destination from picker's answer alone)."""
     async with stack(tmp_path) as s, aiohttp.ClientSession() as session:
-        client_headers = {"x-gateway-model-name-rewrite": "m-target", "x-gateway-inference-objective": "chat"}
+        client_headers = {
+            "x-gateway-model-name-rewrite": "m-target",
+            "x-gateway-inference-objective": "chat",
+            "x-gateway-destination-endpoint": s.backends[0].hostport,  # never honoured
+        }
         status, headers, _ = await post(
             session, f"{s.url}/v1/completions", {"model": "m", "prompt": "p", "max_tokens": 2}, client_headers
         )
-        assert (status, headers["x-backend"]) == (200, "b1")  # routed by picker
+        assert (status, headers["x-backend"]) == (200, "b1")  # routed by picker, not by the client's header
     served = s.backends[1].served[0]
     assert served.body == {"model": "m", "prompt": "p", "max_tokens": 2}  # Envoy would deliver "m-target"
     assert served.headers["x-gateway-model-name-rewrite"] == "m-target"  # Envoy removes control headers
