@@ -34,6 +34,7 @@ __all__ = [
     "FAIL_OPEN",
     "INTERNAL_PATH",
     "JS_MODULE",
+    "PROMPT_BODY_BUFFER",
     "SHIM_PORT",
     "NgfNotFound",
     "epp_js",
@@ -49,6 +50,9 @@ JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
 SHIM_PORT = 54800  # NGF's types.GoShimPort; epp.js posts to http://127.0.0.1:54800
 UPSTREAM = "default_pool_8000"  # NGF names a pool's upstream <namespace>_<service>_<port>
 INTERNAL_PATH = "/_ngf-internal-proxy-pass-rule0-route0-backend0-inference"
+# The body buffer docs/gateways.md tells NGF users to add (a SnippetsFilter): nginx's default 16 KiB sends longer
+# prompts to a file, where epp.js can't read them, and picker never sees them. 16m matches --max-body-bytes.
+PROMPT_BODY_BUFFER = "16m"
 _REPO = Path(__file__).resolve().parents[2]
 
 
