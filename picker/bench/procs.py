@@ -115,7 +115,11 @@ class Child:
 
     @property
     def returncode(self) -> int | None:
-        return self.proc.returncode
+        """Its exit code once it exited; 0 for a clean stop (see ``dies_on_sigterm``)."""
+        code = self.proc.returncode
+        if code == -signal.SIGTERM and self.dies_on_sigterm and self.stopping:
+            return 0
+        return code
 
     def output(self, tail_bytes: int = 6000) -> str:
         """The last ``tail_bytes`` of its output. ``pread``: the child shares the file offset, so no seeking."""
@@ -141,7 +145,7 @@ class Child:
         """Stop it (SIGTERM, then SIGKILL after ``timeout_s``); its exit code, 0 for a clean stop."""
         self.stopping = True
         code = await stop_process(self.proc, timeout_s)
-        return 0 if self.dies_on_sigterm and code == -signal.SIGTERM else code
+        return 0 if self.dies_on_sigterm and code == -signal.SIGTERM else code  # as ``returncode``
 
 
 @dataclass(slots=True)

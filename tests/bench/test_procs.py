@@ -14,7 +14,7 @@ async def test_stop_of_a_program_without_a_sigterm_handler(dies_on_sigterm: bool
     async with procs.spawn("sleeper", ["sleep", "30"]) as child:
         child.dies_on_sigterm = dies_on_sigterm
         code = await child.stop(timeout_s=5.0)
-    assert code == (0 if dies_on_sigterm else -signal.SIGTERM)
+    assert code == child.returncode == (0 if dies_on_sigterm else -signal.SIGTERM)
 
 
 async def test_a_real_failure_is_still_reported() -> None:
