@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "bypass": ("picker.bench.bypass", "live: picker follows load that bypasses the gateway (real Envoy, simulators)"),
     "lab-pd": ("picker.bench.lab_pd_cli", "policy lab: prefill/decode disaggregated fleets vs aggregated ones"),
     "lab-ha": ("picker.bench.lab_ha", "lab: picker replicas independent vs with the peer exchange (docs/ha.md)"),
+    "seed-mix": ("picker.bench.seed_mix", "live: the seed's mix through Envoy, LEAST_REQUEST / ROUND_ROBIN vs picker"),
 }
 
 

@@ -79,8 +79,10 @@ def render(
     with_picker: bool = True,
     extra_picker_ports: Sequence[int] = (),
     access_log_path: str | None = None,
+    pool_lb_policy: str = "ROUND_ROBIN",
 ) -> str:
-    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline).
+    """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline);
+    ``pool_lb_policy`` is the pool cluster's Envoy ``lb_policy`` (``LEAST_REQUEST``: Envoy's own least-request).
 
     ``extra_picker_ports``: more picker replicas in the ext_proc cluster (round robin over streams); a replica that
     refuses connections is ejected at its first failure (outlier detection on local-origin errors) and kept out by
@@ -123,7 +125,8 @@ def render(
                 "route": {"cluster": "original_destination", "timeout": "120s"},
             }
         )
-    routes.append({"match": {"prefix": "/"}, "route": {"cluster": "pool_round_robin", "timeout": "120s"}})
+    pool = f"pool_{pool_lb_policy.lower()}"  # pool_round_robin, pool_least_request
+    routes.append({"match": {"prefix": "/"}, "route": {"cluster": pool, "timeout": "120s"}})
 
     picker_cluster: dict[str, Any] = {
         "name": "picker",
@@ -184,12 +187,12 @@ def render(
             "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
         },
         {
-            "name": "pool_round_robin",
+            "name": pool,
             "type": "STATIC",
-            "lb_policy": "ROUND_ROBIN",
+            "lb_policy": pool_lb_policy,
             "connect_timeout": "2s",
             "load_assignment": {
-                "cluster_name": "pool_round_robin",
+                "cluster_name": pool,
                 "endpoints": [
                     {
                         "lb_endpoints": [

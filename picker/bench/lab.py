@@ -14,7 +14,7 @@ the policy what production feeds picker's scheduler:
   ``scrape_interval_s`` (100 ms like ``picker serve``), from ``Engine.stats()`` mapped as the vLLM scrape maps
   the ``/metrics`` page (``scraped_metrics``; a test checks it equals ``scrape.engines.extract`` of the
   simulator's page) — so they are stale like real ones;
-* picker's ``InflightTracker`` takes a lease on pick (``director.expected_tokens``), is told the prompt is
+* picker's ``InflightTracker`` takes a lease on pick (``director.acquire_lease``), is told the prompt is
   prefilled at the first token (and the TTFT), and is released at completion (and the TPOT), as the director
   does; the policy's ``routed`` / ``completed`` call the scheduler's PreRequest / PostResponse hooks.
 
@@ -34,6 +34,9 @@ request carries its token ids as picker's token source attaches them.
 A fleet can have prefill/decode roles (``LabConfig.roles``, the engines' ``llm-d.ai/role`` labels): a decision
 that names a prefiller (``x-prefiller-host-port``) is played as llm-d's sidecar does, prefill first, then decode
 with the KV pulled over the link (``lab_pd``).
+
+``LabConfig.streams`` plays a closed loop instead of the schedule (N streams, each sending its next item when its
+previous request ends), and ``LabConfig.pool`` gives each engine its own configuration (a pool of mixed servers).
 
 Arrivals follow the load client's schedule (``poisson_schedule``: first request at 0, then
 ``load.poisson_arrivals(rate, seed)``), so the same workload, rate and seed give the same requests in the lab
@@ -59,7 +62,7 @@ from picker.bench import lab_kv, lab_pd
 from picker.bench.load import LoadResult, LoadSpec, RequestRecord, poisson_arrivals
 from picker.bench.policies import Policy, make_policy
 from picker.bench.workloads import Api, WorkItem, Workload
-from picker.control.director import expected_tokens
+from picker.control.director import acquire_lease
 from picker.endpoints.inflight import InflightTracker, Lease
 from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.endpoints.peerload import PeerLoads
@@ -137,10 +140,18 @@ class LabConfig:
     scenario: Scenario = field(default_factory=Scenario)
     kv_event_delay_s: float = 0.005  # engine step → routers' KV-event indexes (precise scorers only)
     roles: tuple[str, ...] = ()  # engine i's llm-d.ai/role ("" none); empty: no roles (lab_pd)
+    # Closed loop: this many streams, each sending its next item when its previous request ends (the arrivals'
+    # times are then ignored; the items go out in their order). 0: open loop, every item at its time.
+    streams: int = 0
+    pool: tuple[EngineConfig, ...] = ()  # engine i's own configuration (a mixed pool); empty: ``engine`` for all
 
     def __post_init__(self) -> None:
         if self.engines < 1 or self.scrape_interval_s <= 0 or self.kv_event_delay_s < 0:
             raise ValueError("engines >= 1, scrape_interval_s > 0 and kv_event_delay_s >= 0")
+        if self.streams < 0:
+            raise ValueError("streams must be >= 0 (0: open loop)")
+        if self.pool and (len(self.pool) != self.engines or any(c.model != self.engine.model for c in self.pool)):
+            raise ValueError("pool: one engine configuration per engine, each serving the same model as engine")
         if self.roles and (len(self.roles) != self.engines or any(r not in lab_pd.ROLES for r in self.roles)):
             raise ValueError(f"roles: one per engine, each one of {lab_pd.ROLES}")
         if self.scenario.external_target is not None and not 0 <= self.scenario.external_target < self.engines:
@@ -260,9 +271,10 @@ class _Lab:
     def __post_init__(self) -> None:
         cfg = self.config
         scenario = cfg.scenario
+        configs = cfg.pool or (cfg.engine,) * cfg.engines
         self.engines = [
-            Engine(cfg.engine if i >= len(scenario.slowdowns) else cfg.engine.replace(slowdown=scenario.slowdowns[i]))
-            for i in range(cfg.engines)
+            Engine(c if i >= len(scenario.slowdowns) else c.replace(slowdown=scenario.slowdowns[i]))
+            for i, c in enumerate(configs)
         ]
         self.endpoints = [
             Endpoint.create(
@@ -311,6 +323,7 @@ class _Lab:
                 cfg.kv_event_delay_s,
             )
         self.disaggregated = 0
+        self.next_item = 0  # closed loop: the next item a stream sends
 
     @property
     def policy_name(self) -> str:
@@ -321,8 +334,10 @@ class _Lab:
 
     def run(self) -> None:
         cfg = self.config
-        for i, (offset, _) in enumerate(self.arrivals):
-            self.push(EPOCH_S + offset, _ARRIVAL, i)
+        opening = self.arrivals[: cfg.streams] if cfg.streams else self.arrivals
+        for i, (offset, _) in enumerate(opening):
+            self.push(EPOCH_S if cfg.streams else EPOCH_S + offset, _ARRIVAL, i)
+        self.next_item = len(opening)
         self.pending_arrivals = len(self.arrivals)
         # Router r scrapes r/N of an interval after router 0: independent pollers are not in phase.
         for r in range(len(self.routers)):
@@ -433,9 +448,10 @@ class _Lab:
             pick = router.policy.pick(req, router.store.current().candidates())
         except errors.PickerError as exc:
             rec.status, rec.error = exc.status, exc.wire_text
+            self.ended(now)
             return
         e = self.index_of[pick.endpoint.key]
-        lease = router.inflight.acquire(pick.endpoint.key, expected_tokens(req), now)
+        lease = acquire_lease(router.inflight, pick.endpoint.key, req, pick.result, now)
         router.policy.routed(req, pick)
         self.routed[e] += 1
         rec.backend = pick.endpoint.name
@@ -477,6 +493,7 @@ class _Lab:
         except (sim_api.ApiError, RequestRejected) as exc:
             status = exc.status if isinstance(exc, sim_api.ApiError) else _REJECT_STATUS[exc.kind]
             rec.status, rec.error = status, exc.message
+            self.ended(now)
             if router is not None and lease is not None and req is not None:
                 router.inflight.release(lease)
                 info = ResponseInfo(endpoint_key=self.endpoints[e].key, status=status, duration_s=0.0)
@@ -538,6 +555,7 @@ class _Lab:
     def fail(self, live: _Live, status: int, message: str) -> None:
         """A routed request failed before any token: the client's error, the router's leases given back."""
         live.record.status, live.record.error = status, message
+        self.ended(self.clock.now)
         router, req = live.router, live.req
         if router is None or req is None:
             return
@@ -595,13 +613,20 @@ class _Lab:
             live.router.inflight.release(live.prefill_lease)  # prefilled: the director releases it here
         if live.router is None or live.lease is None or live.req is None:
             return
-        live.router.inflight.prefilled(live.lease, live.req.prompt_tokens)
+        live.router.inflight.prefilled(live.lease, live.req.prompt_tokens, now)
         live.router.inflight.observe(live.lease.endpoint_key, ttft_s=now - live.arrival_s)
         info = ResponseInfo(endpoint_key=live.lease.endpoint_key, ttft_s=now - live.arrival_s)
         live.router.policy.first_token(live.req, info)
 
+    def ended(self, now: float) -> None:
+        """A request ended (answered or failed): in a closed loop, its stream sends the next item now."""
+        if self.config.streams and self.next_item < len(self.arrivals):
+            self.push(now, _ARRIVAL, self.next_item)
+            self.next_item += 1
+
     def finish(self, live: _Live, state: RequestState, now: float) -> None:
         del self.live[state.request_id]
+        self.ended(now)
         rec = live.record
         n_out = len(state.output_ids)
         rec.e2e_s = now - live.arrival_s
@@ -673,8 +698,10 @@ def run_lab(
     records = sorted(lab.records, key=lambda r: r.index)
     external = sorted(lab.external, key=lambda r: r.index)
     name = workload if isinstance(workload, str) else workload.name
+    closed = config.streams > 0
     spec = LoadSpec(
-        rate=rate if rate is not None else _mean_rate(ordered),
+        rate=None if closed else (rate if rate is not None else _mean_rate(ordered)),
+        concurrency=config.streams if closed else None,
         max_requests=max(1, len(ordered)),
         api=config.api,
         seed=config.seed,

@@ -6,8 +6,12 @@ pools of production (the lab report).
     picker bench lab-eval --jobs 2 --cache runs --seeds 0,1,2                    # the count on the mean of 3 seeds
     picker bench lab-eval --jobs 2 --seeds 0-9 --settle-seeds 30                 # undecided points at 30 seeds
     picker bench lab-eval --workloads shared-prefix --scenarios plain --config candidate.yaml   # a candidate
+    picker bench lab-eval --workloads seed-mix --jobs 2          # servers that run out of slots (docs/lab.md)
 
-Four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines, under seven scenarios
+The ``seed-mix`` group (``--workloads seed-mix``) runs the seed's mix on 4 servers of 16 sequences each (``cpu``,
+``gpu-bounded``, a mixed pool), open loop across the knee and closed loop at 1, 4 and 8 streams, and reports the
+mix's short-request TTFT, long-answer TPOT and e2e besides (docs/lab.md). The ``standard`` group:
+four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines, under seven scenarios
 (``SCENARIOS``): ``plain`` (one picker sees every request) at a ladder of rates around round robin's knee and past
 it, and at two rates each (one below the knee, one past it) the pools picker really runs in: 30 % of the traffic
 bypassing the routers (spread over the servers, or all onto one), every router restarting mid-run with the queues
@@ -86,8 +90,19 @@ __all__ = [
 
 PICKER = "picker"
 PREVIOUS = "picker-v1"  # the default before it followed what the servers report (policies.PREVIOUS_CONFIG_TEXT)
-BASELINE_POLICIES = ("rr", "lc", "p2c", "reference", "cache-aware", "lmetric", PREVIOUS)
+BASELINE_POLICIES = (
+    "rr",
+    "lc",
+    "p2c",
+    "envoy-least-request",
+    "reference",
+    "cache-aware",
+    "lmetric",
+    PREVIOUS,
+    "picker-v2",
+)
 ENGINES = 8
+PLAIN = "plain"
 WITHIN = 1.02  # issue 13's bar: a point is met when picker's p90 is at most 2 % above the best other policy's
 MIN_SEEDS_FOR_INTERVAL = 5  # fewer seeds give a bootstrap interval too coarse to tell anything by
 _RESAMPLES = 2000
@@ -106,11 +121,71 @@ class EvalWorkload:
     quick_rates: tuple[float, ...]
     what: str
     scenario_rates: tuple[float, ...] = ()  # the rates of the other scenarios: below the knee, and past it
+    engines: int = ENGINES
+    preset: str = "h100-8b"  # what ``engine`` was made from (the JSON's record)
+    pool: tuple[EngineConfig, ...] = ()  # engine i's own configuration (a mixed pool); empty: ``engine`` for all
+    closed: bool = False  # closed loop: the ladder counts concurrent streams, not req/s
+    scenarios: tuple[str, ...] | None = None  # the scenarios it runs under (None: all)
+    max_requests: int | None = None  # caps --requests (a closed loop's one stream would run for hours otherwise)
+
+    @property
+    def unit(self) -> str:
+        return "streams" if self.closed else "req/s"
 
 
 def _engine(**changes: Any) -> EngineConfig:
     # A KV pool (2048 blocks = 32k tokens) that holds a few long prefixes but not all (docs/lab.md).
     return preset("h100-8b", num_gpu_blocks=2048, **changes)
+
+
+SEED_MIX_ENGINES = 4
+SEED_MIX_SCENARIOS = (PLAIN, "slow-server")
+CLOSED_REQUESTS = 300
+# Two gpu-bounded servers and two larger GPUs of the same speed (64 sequences, 32k tokens of KV): the same
+# request count weighs differently on each.
+MIXED_POOL = (
+    preset("gpu-bounded"),
+    preset("gpu-bounded"),
+    preset("h100-8b", max_num_seqs=64, num_gpu_blocks=2048, max_model_len=4096),
+    preset("h100-8b", max_num_seqs=64, num_gpu_blocks=2048, max_model_len=4096),
+)
+_SEED_MIX = "the seed's mix: 70 % 13-token prompts answered with 4 tokens, 30 % 116-token prompts with 512"
+
+
+def _seed_mix_points() -> tuple[EvalWorkload, ...]:
+    """The seed's mix where the servers run out of slots: open loop across the knee, closed loop at 1, 4 and 8
+    streams, on ``cpu`` and ``gpu-bounded`` servers, and a pool of mixed sizes (docs/lab.md)."""
+    common: dict[str, Any] = {"engines": SEED_MIX_ENGINES, "make": lambda seed: wl.seed_mix(seed=seed)}
+    closed: dict[str, Any] = {
+        **common, "closed": True, "rates": (1.0, 4.0, 8.0), "quick_rates": (4.0,), "scenarios": (PLAIN,),
+        "max_requests": CLOSED_REQUESTS,
+    }  # fmt: skip
+    cpu, gpu = preset("cpu"), preset("gpu-bounded")
+    return (
+        EvalWorkload(
+            "seed-mix-cpu", engine=cpu, preset="cpu", rates=(2.0, 3.0, 4.0, 5.0), quick_rates=(4.0,),
+            scenario_rates=(3.0, 4.0), scenarios=SEED_MIX_SCENARIOS, what=f"{_SEED_MIX}; 4 cpu servers (16 seqs)",
+            **common,
+        ),
+        EvalWorkload(
+            "seed-mix-cpu-closed", engine=cpu, preset="cpu", what=f"{_SEED_MIX}; 4 cpu servers, closed loop",
+            **closed,
+        ),
+        EvalWorkload(
+            "seed-mix-gpu", engine=gpu, preset="gpu-bounded", rates=(8.0, 12.0, 16.0, 20.0), quick_rates=(16.0,),
+            scenario_rates=(12.0, 16.0), scenarios=SEED_MIX_SCENARIOS,
+            what=f"{_SEED_MIX}; 4 gpu-bounded servers (16 seqs, 256 KV blocks)", **common,
+        ),
+        EvalWorkload(
+            "seed-mix-gpu-closed", engine=gpu, preset="gpu-bounded",
+            what=f"{_SEED_MIX}; 4 gpu-bounded servers, closed loop", **closed,
+        ),
+        EvalWorkload(
+            "seed-mix-mixed", engine=gpu, preset="gpu-bounded x2 + h100-8b x2", pool=MIXED_POOL,
+            rates=(16.0, 24.0, 32.0), quick_rates=(24.0,), scenarios=(PLAIN,),
+            what=f"{_SEED_MIX}; 2 gpu-bounded servers and 2 h100-8b (64 seqs, 2048 blocks)", **common,
+        ),
+    )  # fmt: skip
 
 
 EVAL_WORKLOADS: dict[str, EvalWorkload] = {
@@ -158,7 +233,13 @@ EVAL_WORKLOADS: dict[str, EvalWorkload] = {
             scenario_rates=(10.0, 20.0),
             what="ShareGPT-shaped lengths over 3 adapters (60/30/10), engines with max_loras 1",
         ),
+        *_seed_mix_points(),
     )
+}
+# --workloads accepts these names for several workloads at once.
+WORKLOAD_GROUPS: dict[str, tuple[str, ...]] = {
+    "standard": ("shared-prefix", "multi-turn", "short-long", "multi-lora"),
+    "seed-mix": tuple(n for n in EVAL_WORKLOADS if n.startswith("seed-mix-")),
 }
 
 
@@ -174,7 +255,6 @@ class EvalScenario:
     what: str
 
 
-PLAIN = "plain"
 EXTERNAL_SHARE = 0.3
 SLOWDOWN = 2.5
 
@@ -239,6 +319,8 @@ def rates_for(
     w: EvalWorkload, scenario: str, *, quick: bool, only: Collection[float] | None = None
 ) -> tuple[float, ...]:
     """The rates ``w`` runs at under ``scenario``; with ``only``, those of them in it (``--rates``)."""
+    if w.scenarios is not None and scenario not in w.scenarios:
+        return ()
     ladder = w.quick_rates if quick else (w.rates if scenario == PLAIN else (w.scenario_rates or w.quick_rates))
     return ladder if only is None else tuple(r for r in ladder if r in only)
 
@@ -247,10 +329,16 @@ def _run_point(
     workload: str, scenario: str, rate: float, policy: str, requests: int, seed: int
 ) -> tuple[lab_report.Row, float]:
     w = EVAL_WORKLOADS[workload]
-    arrivals = poisson_schedule(w.make(seed), rate, requests, seed)
-    config = LabConfig(w.engine, engines=ENGINES, seed=seed, scenario=SCENARIOS[scenario].make(arrivals))
+    n = min(requests, w.max_requests or requests)
+    arrivals = (
+        [(0.0, item) for item in w.make(seed).take(n)] if w.closed else poisson_schedule(w.make(seed), rate, n, seed)
+    )
+    config = LabConfig(
+        w.engine, engines=w.engines, seed=seed, scenario=SCENARIOS[scenario].make(arrivals), pool=w.pool,
+        streams=int(rate) if w.closed else 0,
+    )  # fmt: skip
     run_ = run_lab(config, policy, arrivals, workload=workload, rate=rate)
-    return lab_report.make_row(policy, run_.result, [f"sim-{i}" for i in range(ENGINES)], rate), run_.wall_s
+    return lab_report.make_row(policy, run_.result, [f"sim-{i}" for i in range(w.engines)], rate), run_.wall_s
 
 
 class RunCache:
@@ -524,6 +612,7 @@ def _run_json(row: lab_report.Row) -> dict[str, Any]:
         "imbalance": row.imbalance,
         "ok": s.ok,
         "failed": s.failed,
+        **({"mix": row.mix.to_json()} if row.mix is not None else {}),
     }
 
 
@@ -543,7 +632,7 @@ def plot(results: Results, path: str | Path, picker: str = PICKER) -> None:
     cols = 2 if panels > 1 else 1
     nrows = max(1, (panels + cols - 1) // cols)
     fig = Figure(figsize=(6.5 * cols, 4.2 * nrows), layout="constrained")
-    fig.suptitle(f"policy lab: p90 TTFT ({ENGINES} simulated h100-8b engines)")
+    fig.suptitle("policy lab: p90 TTFT (simulated engines; docs/lab.md)")
     axes = list(fig.subplots(nrows, cols, squeeze=False).flat)
     labels = list(dict.fromkeys(r.label for rows in results.values() for r in rows))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
@@ -556,7 +645,8 @@ def plot(results: Results, path: str | Path, picker: str = PICKER) -> None:
                     [p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[label], label=label,
                     linewidth=3 if thick else 1.2, zorder=3 if thick else 2,
                 )  # fmt: skip
-        ax.set(title=name, xlabel="req/s", ylabel="p90 TTFT (ms)", yscale="log", xscale="log")
+        unit = EVAL_WORKLOADS[name].unit if name in EVAL_WORKLOADS else "req/s"
+        ax.set(title=name, xlabel=unit, ylabel="p90 TTFT (ms)", yscale="log", xscale="log")
         ax.legend(fontsize="small")
     for ax, name in zip(axes[len(plain) :], workloads_other, strict=False):
         scs = [(sc, rows) for sc, w, rows in others if w == name]
@@ -581,7 +671,9 @@ def plot(results: Results, path: str | Path, picker: str = PICKER) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workloads", default=",".join(EVAL_WORKLOADS), help=f"comma list of {', '.join(EVAL_WORKLOADS)}"
+        "--workloads",
+        default=",".join(EVAL_WORKLOADS),
+        help=f"comma list of {', '.join(EVAL_WORKLOADS)}, or of the groups {', '.join(WORKLOAD_GROUPS)}",
     )
     parser.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)} (default: all)"
@@ -628,8 +720,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", type=Path, help="write the p90 tables and the ratios as Markdown (the docs')")
 
 
-def _names(text: str, known: Sequence[str], what: str) -> list[str]:
-    names = flags.names(text)
+def _names(text: str, known: Sequence[str], what: str, groups: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    names = list(dict.fromkeys(n for name in flags.names(text) for n in (groups or {}).get(name, (name,))))
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ValueError(f"unknown {what}(s) {unknown}; choose from {', '.join(known)}")
@@ -638,7 +730,7 @@ def _names(text: str, known: Sequence[str], what: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        names = _names(args.workloads, list(EVAL_WORKLOADS), "workload")
+        names = _names(args.workloads, list(EVAL_WORKLOADS), "workload", WORKLOAD_GROUPS)
         scenarios = _names(args.scenarios, list(SCENARIOS), "scenario")
         policies = flags.names(args.policies) + [f"config:{c}" for c in args.config]
         requests = args.requests if args.requests is not None else (400 if args.quick else 1500)
@@ -689,7 +781,7 @@ def run(args: argparse.Namespace) -> int:
             if rows is None:  # no rate of --rates in its ladder
                 continue
             for rate, at in lab_report.by_rate(rows).items():
-                title = f"{w.name} at {rate:g} req/s ({ENGINES} engines, {sc}): {w.what}; {SCENARIOS[sc].what}"
+                title = f"{w.name} at {rate:g} {w.unit} ({w.engines} engines, {sc}): {w.what}; {SCENARIOS[sc].what}"
                 lab_report.print_rows(title if len(seeds) == 1 else f"{title} (seed {seeds[0]})", at)
             for seed in seeds:
                 seed_ratios[seed] += ratios(w.name, by_seed[seed][(sc, w.name)], picker=args.focus, scenario=sc)
@@ -725,7 +817,6 @@ def run(args: argparse.Namespace) -> int:
                 "seeds": seeds,
                 "settle_seeds": args.settle_seeds,
                 "settled": [{"scenario": r.scenario, "workload": r.workload, "rate": r.rate} for r in settled],
-                "engines": ENGINES,
                 "policies": policies,
                 "scenarios": {sc: SCENARIOS[sc].what for sc in scenarios},
                 "quick": args.quick,
@@ -734,8 +825,10 @@ def run(args: argparse.Namespace) -> int:
                 w.name: {
                     "what": w.what,
                     "rates": {sc: list(rates_for(w, sc, quick=args.quick, only=only)) for sc in scenarios},
+                    "engines": w.engines,
+                    "closed_loop": w.closed,
                     "engine": {
-                        "preset": "h100-8b",
+                        "preset": w.preset,
                         "num_gpu_blocks": w.engine.num_gpu_blocks,
                         "lora_adapters": list(w.engine.lora_adapters),
                         "max_loras": w.engine.max_loras,
@@ -792,6 +885,17 @@ def markdown(
             if plain_cols:
                 out += _table(f"**{w.name}** ({w.what}), TTFT p90:", plain_cols, results, w.name)
     for w in workloads:
+        cols = [((sc, rate), rate) for sc in scenarios for rate in rates_for(w, sc, quick=False) if any(
+            r.rate == rate and r.mix is not None for r in results.get((sc, w.name), []))]  # fmt: skip
+        if cols:
+            out += _table(
+                f"**{w.name}**, short-request TTFT p90 / long-answer TPOT p90 / e2e p90:",
+                cols,
+                results,
+                w.name,
+                cell=_mix_cell,
+            )
+    for w in workloads:
         cols = [((sc, rate), rate) for sc in scenarios if sc != PLAIN for rate in sorted(
             {r.rate for r in results.get((sc, w.name), []) if r.rate is not None})]  # fmt: skip
         if cols:
@@ -805,15 +909,44 @@ def markdown(
     for r in rs:
         cells = f" {_behind(r)} | {_interval(r)} |" if spread else ""
         out.append(
-            f"| {r.scenario} | {r.workload} | {r.rate:g} | {_fmt_s(r.picker_p90_s)} | "
+            f"| {r.scenario} | {r.workload} | {_rate_text(r.workload, r.rate)} | {_fmt_s(r.picker_p90_s)} | "
             f"{r.best_baseline} ({_fmt_s(r.best_baseline_p90_s)}) | {r.vs_best:.2f}x | {r.vs_rr:.1f}x |{cells} "
             f"{verdict(r)} |"
         )
     return "\n".join(out) + "\n"
 
 
-def _table(title: str, cols: Sequence[tuple[tuple[str, float], float]], results: Results, workload: str) -> list[str]:
-    head = [f"{rate:g} req/s" if sc == PLAIN else f"{sc} {rate:g}" for (sc, rate), _ in cols]
+def _rate_text(workload: str, rate: float) -> str:
+    w = EVAL_WORKLOADS.get(workload)
+    return f"{rate:g} streams" if w is not None and w.closed else f"{rate:g}"
+
+
+def _ttft_cell(row: lab_report.Row, scenario: str, rate: float) -> str:
+    """p90 TTFT, with the throughput where the policy served less than 90 % of the offered rate."""
+    s = row.summary
+    cell = _fmt_s(s.ttft_s.p90)
+    closed = row.result.spec.concurrency is not None
+    if not closed and s.throughput_rps < 0.9 * rate * (1 - (EXTERNAL_SHARE if scenario.startswith("external") else 0)):
+        cell += f" ({s.throughput_rps:.0f}/s)"  # not keeping up: say how much it served
+    return cell
+
+
+def _mix_cell(row: lab_report.Row, scenario: str, rate: float) -> str:
+    m = row.mix
+    if m is None:
+        return "-"
+    return f"{_fmt_s(m.short_ttft_s.p90)} / {m.long_tpot_s.p90 * 1e3:.1f} ms / {_fmt_s(m.e2e_s.p90)}"
+
+
+def _table(
+    title: str,
+    cols: Sequence[tuple[tuple[str, float], float]],
+    results: Results,
+    workload: str,
+    cell: Callable[[lab_report.Row, str, float], str] = _ttft_cell,
+) -> list[str]:
+    unit = EVAL_WORKLOADS[workload].unit if workload in EVAL_WORKLOADS else "req/s"
+    head = [f"{rate:g} {unit}" if sc == PLAIN else f"{sc} {rate:g}" for (sc, rate), _ in cols]
     labels = list(dict.fromkeys(r.label for (sc, _), _ in cols for r in results[(sc, workload)]))
     out = [title, "", "| policy | " + " | ".join(head) + " |", "|---|" + "---|" * len(cols)]
     for label in labels:
@@ -823,11 +956,8 @@ def _table(title: str, cols: Sequence[tuple[tuple[str, float], float]], results:
             if row is None:
                 cells.append("-")
                 continue
-            s = row.summary
-            cell = _fmt_s(s.ttft_s.p90)
-            if s.throughput_rps < 0.9 * rate * (1 - (EXTERNAL_SHARE if sc.startswith("external") else 0)):
-                cell += f" ({s.throughput_rps:.0f}/s)"  # not keeping up: say how much it served
-            cells.append(f"**{cell}**" if label == PICKER else cell)
+            text = cell(row, sc, rate)
+            cells.append(f"**{text}**" if label == PICKER else text)
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return [*out, ""]
 
@@ -882,14 +1012,15 @@ def _print_ratios(rows: Sequence[Ratio], by_seed: Mapping[int, Sequence[Ratio]])
     spread = any(r.seeds is not None for r in rows)
     extra = f" {'behind':>7} {'95 % interval':>13}" if spread else ""
     print(
-        f"  {'scenario':<16} {'workload':<14} {'req/s':>6} {'picker':>9} {'best other':>24} {'vs best':>8} "
+        f"  {'scenario':<16} {'workload':<20} {'req/s':>10} {'picker':>9} {'best other':>24} {'vs best':>8} "
         f"{'vs rr':>8}{extra}  lowest"
     )
     for r in rows:
         best = f"{r.best_baseline} {r.best_baseline_p90_s * 1e3:.0f} ms"
         cells = f" {_behind(r):>7} {_interval(r):>13}" if spread else ""
         print(
-            f"  {r.scenario:<16} {r.workload:<14} {r.rate:>6g} {r.picker_p90_s * 1e3:>6.0f} ms {best:>24} "
+            f"  {r.scenario:<16} {r.workload:<20} {_rate_text(r.workload, r.rate):>10} "
+            f"{r.picker_p90_s * 1e3:>6.0f} ms {best:>24} "
             f"{r.vs_best:>7.2f}x {r.vs_rr:>7.2f}x{cells}  {verdict(r)}"
         )
     met, total = _count(rows)

@@ -2,7 +2,9 @@
 
 A row is the load client's ``Summary`` plus how the requests spread over the servers: each server's share of
 the successful requests and the imbalance, ``max share / mean share`` (1.0 = perfectly even; servers that got
-nothing count when their names are given).
+nothing count when their names are given). For a mix of short and long answers (requests tagged ``short`` and
+``long``: the ``seed-mix`` and ``short-long`` workloads) it also holds ``MixStats``: the short requests' TTFT, the
+long answers' TPOT and every request's e2e, the numbers that tell whether short requests waited behind long ones.
 """
 
 from __future__ import annotations
@@ -14,9 +16,48 @@ from pathlib import Path
 from typing import Any
 
 from picker.bench.load import LoadResult
-from picker.bench.report import Summary, summarize, to_json
+from picker.bench.report import Dist, Summary, summarize, to_json
 
-__all__ = ["Row", "by_rate", "make_row", "plot_rows", "print_rows", "row_json"]
+__all__ = ["MixStats", "Row", "by_rate", "make_row", "mix_stats", "plot_rows", "print_rows", "row_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class MixStats:
+    """A short/long mix's own numbers, over the successful requests."""
+
+    short_ttft_s: Dist  # requests tagged short
+    long_tpot_s: Dist  # requests tagged long
+    e2e_s: Dist  # every request
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "short_ttft_p50_s": self.short_ttft_s.p50,
+            "short_ttft_p90_s": self.short_ttft_s.p90,
+            "long_tpot_p90_s": self.long_tpot_s.p90,
+            "e2e_p90_s": self.e2e_s.p90,
+            "short": self.short_ttft_s.count,
+            "long": self.long_tpot_s.count,
+        }
+
+
+def mix_stats(result: LoadResult) -> MixStats | None:
+    """The mix's numbers, or None when no request is tagged ``short`` or ``long`` (a LoRA suffix ``/a`` aside)."""
+    short: list[float] = []
+    long: list[float] = []
+    e2e: list[float] = []
+    for rec in result.records:
+        kind = rec.tag.split("/", 1)[0]
+        if not rec.ok or kind not in ("short", "long"):
+            continue
+        if rec.e2e_s is not None:
+            e2e.append(rec.e2e_s)
+        if kind == "short" and rec.ttft_s is not None:
+            short.append(rec.ttft_s)
+        elif kind == "long" and (tpot := rec.tpot_s) is not None:
+            long.append(tpot)
+    if not short and not long:
+        return None
+    return MixStats(Dist.of(short), Dist.of(long), Dist.of(e2e))
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +68,7 @@ class Row:
     summary: Summary
     shares: dict[str, float]  # server name -> share of the successful requests, by name
     imbalance: float
+    mix: MixStats | None = None
 
 
 def make_row(label: str, result: LoadResult, servers: Sequence[str] = (), rate: float | None = None) -> Row:
@@ -39,24 +81,42 @@ def make_row(label: str, result: LoadResult, servers: Sequence[str] = (), rate: 
     shares = {name: (counts[name] / total if total else 0.0) for name in ordered}
     mean = total / len(counts) if counts else 0.0
     imbalance = max(counts.values()) / mean if mean > 0 else 0.0
-    return Row(label, rate if rate is not None else result.spec.rate, result, summary, shares, imbalance)
+    rate_ = rate if rate is not None else result.spec.rate
+    return Row(label, rate_, result, summary, shares, imbalance, mix_stats(result))
 
 
 def row_json(row: Row, *, records: bool = False) -> dict[str, Any]:
     """The load client's JSON (``report.to_json``) plus the label, rate, shares and imbalance."""
     out: dict[str, Any] = {"label": row.label, "rate": row.rate, "shares": row.shares, "imbalance": row.imbalance}
+    if row.mix is not None:
+        out["mix"] = row.mix.to_json()
     out.update(to_json(row.result, row.summary, records=records))
     return out
 
 
 def print_rows(title: str, rows: Sequence[Row]) -> None:
-    """One table: TTFT p50/p90/p99, TPOT p50, e2e p50, throughput, cache hits, imbalance, per-server share."""
+    """One table: TTFT p50/p90/p99, TPOT p50, e2e p50, throughput, cache hits, imbalance, per-server share; for a
+    short/long mix also the short requests' TTFT p50/p90, the long answers' TPOT p90 and the e2e p90."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=title, title_justify="left")
-    for col in ("policy", "TTFT p50", "p90", "p99", "TPOT p50", "e2e p50", "req/s", "tok/s", "cached", "imbal."):
+    mix = any(r.mix is not None for r in rows)
+    extra = ("short TTFT p50", "short p90", "long TPOT p90", "e2e p90") if mix else ()
+    for col in (
+        "policy",
+        "TTFT p50",
+        "p90",
+        "p99",
+        "TPOT p50",
+        "e2e p50",
+        *extra,
+        "req/s",
+        "tok/s",
+        "cached",
+        "imbal.",
+    ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     table.add_column("per-server share %", justify="left")
     table.add_column("failed", justify="right")
@@ -69,6 +129,7 @@ def print_rows(title: str, rows: Sequence[Row]) -> None:
             _ms(s.ttft_s.p99),
             _ms(s.tpot_s.p50),
             f"{s.e2e_s.p50:.2f} s",
+            *(_mix_cells(r.mix) if mix else ()),
             f"{s.throughput_rps:.1f}",
             f"{s.output_tok_s:.0f}",
             f"{s.cached_share:.0%}",
@@ -128,6 +189,12 @@ def plot_rows(rows: Sequence[Row], path: str | Path, title: str = "") -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.savefig(str(path), dpi=100)
+
+
+def _mix_cells(m: MixStats | None) -> tuple[str, ...]:
+    if m is None:
+        return ("-",) * 4
+    return (_ms(m.short_ttft_s.p50), _ms(m.short_ttft_s.p90), _ms(m.long_tpot_s.p90), f"{m.e2e_s.p90:.2f} s")
 
 
 def by_rate(rows: Sequence[Row]) -> Mapping[float | None, list[Row]]:

@@ -28,7 +28,7 @@ from picker.scheduling import units
 
 __all__ = ["WORKLOADS", "build_workload", "configure", "run"]
 
-WORKLOADS = ("shared-prefix", "multi-turn", "short-long", "sharegpt", "fixed")
+WORKLOADS = ("shared-prefix", "multi-turn", "short-long", "seed-mix", "sharegpt", "fixed")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +120,8 @@ def build_workload(args: argparse.Namespace) -> wl.Workload:
         )
     elif name == "short-long":
         workload = wl.short_long(long_fraction=args.long_fraction, seed=seed)
+    elif name == "seed-mix":
+        workload = wl.seed_mix(seed=seed)
     elif name == "sharegpt":
         workload = wl.sharegpt_like(seed=seed)
     else:

@@ -23,15 +23,19 @@ __all__ = ["picker_serve", "sims", "watched"]
 async def sims(
     ports: Sequence[int],
     *,
-    num_gpu_blocks: int,
+    num_gpu_blocks: int | None,
     seed: int,
     on_start: Callable[[procs.Child], None],
     name: str = "sims",
     extra: Sequence[str] = (),
+    preset: str = "h100-8b",
 ) -> AsyncIterator[procs.Child]:
-    """``picker sim`` (h100-8b) on ``ports``, one process; ready when every port answers /health."""
-    argv = [*procs.picker_command(), "sim", "--preset", "h100-8b", "--ports", ",".join(map(str, ports))]
-    argv += ["--num-gpu-blocks", str(num_gpu_blocks), "--seed", str(seed), *extra]
+    """``picker sim`` (``preset``; ``num_gpu_blocks`` None: the preset's) on ``ports``, one process; ready when
+    every port answers /health."""
+    argv = [*procs.picker_command(), "sim", "--preset", preset, "--ports", ",".join(map(str, ports))]
+    if num_gpu_blocks is not None:
+        argv += ["--num-gpu-blocks", str(num_gpu_blocks)]
+    argv += ["--seed", str(seed), *extra]
     async with procs.spawn(name, argv, on_start=on_start) as child:
         for port in ports:
             await child.wait_http(f"http://127.0.0.1:{port}/health", 30.0)

@@ -9,6 +9,8 @@ and a length given in tokens is exact against ``picker sim`` (against a real mod
 * ``multi_turn_chat``: sessions whose turn k repeats turns 1..k-1 (question + a synthetic answer) and adds a
   question, so each turn's prompt extends the previous one; sessions interleave round-robin.
 * ``short_long``: the seed's mix: a short prompt answered with a few tokens, or a 512-token stream.
+* ``seed_mix``: the seed's own mix, as the ``cpu`` preset is calibrated: 70 % "Say OK." (13 prompt tokens, 4 answer
+  tokens), 30 % the BGP paragraph (116 prompt tokens, 512 answer tokens); every length fixed.
 * ``sharegpt_like``: ShareGPT-shaped lengths (lognormal prompt and answer lengths, clipped).
 * ``fixed_lengths``: every prompt and answer of one given length.
 * ``multi_lora`` wraps any workload and sends each item to an adapter drawn with skewed weights;
@@ -34,6 +36,7 @@ __all__ = [
     "fixed_lengths",
     "multi_lora",
     "multi_turn_chat",
+    "seed_mix",
     "shared_prefix",
     "sharegpt_like",
     "short_long",
@@ -170,6 +173,24 @@ def short_long(
             )
 
     return Workload("short-long", make)
+
+
+SEED_SHORT_PROMPT_TOKENS = 13  # "Say OK." after the chat template
+SEED_LONG_PROMPT_TOKENS = 116  # "Write a detailed paragraph about BGP", as the seed's TTFT makes it (docs/simulator.md)
+
+
+def seed_mix(*, long_fraction: float = 0.3, long_output: int = 512, seed: int = 0) -> Workload:
+    """The seed's mix: ``short_long`` with the seed's lengths, tagged ``short`` and ``long``. Each prompt is its own
+    words (no prefix shared by chance), every answer's length fixed (``min_tokens = max_tokens``, ``ignore_eos``)."""
+    inner = short_long(
+        short_prompt_len=SEED_SHORT_PROMPT_TOKENS,
+        short_output=4,
+        long_prompt_len=SEED_LONG_PROMPT_TOKENS,
+        long_output=long_output,
+        long_fraction=long_fraction,
+        seed=seed,
+    )
+    return Workload("seed-mix", inner.make)
 
 
 def sharegpt_like(

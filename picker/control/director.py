@@ -49,7 +49,7 @@ from picker.endpoints.store import EndpointStore
 from picker.request import headers as hdr
 from picker.request import rewrite, subset
 from picker.request.model import InferenceRequest
-from picker.scheduling.framework import PluginTiming, ResponseInfo, SchedulingResult
+from picker.scheduling.framework import UNCACHED_TOKENS, PluginTiming, ResponseInfo, SchedulingResult
 from picker.settings import ServerSettings
 from picker.telemetry import tracing
 
@@ -68,6 +68,7 @@ __all__ = [
     "Routed",
     "SchedulerLike",
     "TokenSource",
+    "acquire_lease",
 ]
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ class Director:
         if not targets:
             raise errors.ServiceUnavailable(NO_CANDIDATES)
         now = self.clock()
-        lease = self.inflight.acquire(targets[0].key, expected_tokens(req), now)
+        lease = acquire_lease(self.inflight, targets[0].key, req, result, now)
         headers: Mapping[str, str] = {}
         prefill_lease = None
         if result is not None:
@@ -340,7 +341,7 @@ class Director:
         if routed.prefill_lease is not None:
             self.inflight.release(routed.prefill_lease)
         if routed.lease is not None:
-            self.inflight.prefilled(routed.lease, routed.req.prompt_tokens)
+            self.inflight.prefilled(routed.lease, routed.req.prompt_tokens, now)
             if token:
                 self.inflight.observe(routed.lease.endpoint_key, ttft_s=now - routed.routed_at)
         if token and (key := routed.endpoint_key):
@@ -504,6 +505,28 @@ def expected_duration_s(req: InferenceRequest, tpot_s: float | None) -> float:
     """How long a request whose end picker will not see is assumed to run: an allowance plus its output time."""
     per_token = tpot_s if tpot_s is not None and tpot_s > 0.0 else DEFAULT_TPOT_S
     return HOLD_OVERHEAD_S + expected_output_tokens(req) * per_token
+
+
+def acquire_lease(
+    inflight: InflightTracker, key: str, req: InferenceRequest, result: SchedulingResult | None, now: float
+) -> Lease:
+    """Count ``req`` routed to ``key`` in picker's ledger, with what the server model reads of it: the prompt
+    tokens left to compute there (``UNCACHED_TOKENS`` of the scheduling cycle, else the whole prompt), its
+    ``max_tokens`` and whether the answer is fixed at that length."""
+    prefill = req.prompt_tokens
+    if result is not None and result.cycle is not None:
+        uncached = result.cycle.get(UNCACHED_TOKENS)
+        if uncached is not None and key in uncached:
+            prefill = round(uncached[key])
+    return inflight.acquire(
+        key,
+        expected_tokens(req),
+        now,
+        prefill_tokens=prefill,
+        max_output_tokens=req.max_tokens or 0,
+        fixed_output=req.fixed_output,
+        model=req.target_model,
+    )
 
 
 def expected_tokens(req: InferenceRequest) -> int:

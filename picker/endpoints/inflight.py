@@ -7,7 +7,7 @@ phases). Release is idempotent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,13 +34,21 @@ class EndpointLoad:
     prefilling: int = 0  # requests routed here whose first token has not arrived yet
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Lease:
+    """One routed request picker has not seen finish. What the server model (``latency-scorer``) reads of it: the
+    prompt tokens the server must prefill, the expected answer and whether its length is fixed, its first token."""
+
     endpoint_key: str
     tokens: int
     started_at: float
     released: bool = field(default=False)
     prefilling: bool = field(default=True)  # no first token yet
+    prefill_tokens: int = 0  # the prompt tokens the server must compute (uncached, as estimated when routed)
+    max_output_tokens: int = 0  # the request's max_tokens (the exact answer length when ``fixed_output``); 0: none
+    fixed_output: bool = False
+    model: str = ""
+    first_token_at: float | None = None
 
 
 _ZERO = EndpointLoad()  # what ``load`` returns for an endpoint never seen; never mutated
@@ -49,6 +57,8 @@ _ZERO = EndpointLoad()  # what ``load`` returns for an endpoint never seen; neve
 class InflightTracker:
     def __init__(self) -> None:
         self._loads: dict[str, EndpointLoad] = {}
+        # Open leases per endpoint, oldest first (a dict keeps insertion order and removes in O(1)).
+        self._open: dict[str, dict[int, Lease]] = {}
         self.open_leases = 0  # acquired and not yet released, over every endpoint (also ones that left the pool)
         # Moving averages of a routed request's tokens when it is sent (prompt + expected output) and once its
         # prompt is prefilled (expected output): the weight of a request picker knows only as a count.
@@ -71,7 +81,19 @@ class InflightTracker:
         for listener in self._listeners:
             listener(key)
 
-    def acquire(self, endpoint_key: str, tokens: int, now: float) -> Lease:
+    def acquire(
+        self,
+        endpoint_key: str,
+        tokens: int,
+        now: float,
+        *,
+        prefill_tokens: int = 0,
+        max_output_tokens: int = 0,
+        fixed_output: bool = False,
+        model: str = "",
+    ) -> Lease:
+        """Count a request routed to ``endpoint_key``: ``tokens`` = prompt + expected output (the load scorers'
+        unit); the keyword terms are what the server model reads of each request (``Lease``)."""
         load = self._loads.setdefault(endpoint_key, EndpointLoad())
         load.requests += 1
         load.tokens += tokens
@@ -81,9 +103,19 @@ class InflightTracker:
             self.request_tokens += _SIZE_ALPHA * (tokens - self.request_tokens)
         else:
             self.request_tokens, self._sized = float(tokens), True
+        lease = Lease(
+            endpoint_key,
+            tokens,
+            now,
+            prefill_tokens=prefill_tokens,
+            max_output_tokens=max_output_tokens,
+            fixed_output=fixed_output,
+            model=model,
+        )
+        self._open.setdefault(endpoint_key, {})[id(lease)] = lease
         if self._listeners:
             self._changed(endpoint_key)
-        return Lease(endpoint_key, tokens, now)
+        return lease
 
     def release(self, lease: Lease) -> bool:
         """Give back a lease's requests and tokens. Returns False if it was already released."""
@@ -91,6 +123,11 @@ class InflightTracker:
             return False
         lease.released = True
         self.open_leases -= 1
+        open_here = self._open.get(lease.endpoint_key)
+        if open_here is not None:
+            open_here.pop(id(lease), None)
+            if not open_here:
+                del self._open[lease.endpoint_key]
         load = self._loads.get(lease.endpoint_key)
         if load is not None:
             load.requests = max(0, load.requests - 1)
@@ -102,10 +139,13 @@ class InflightTracker:
         lease.prefilling = False
         return True
 
-    def prefilled(self, lease: Lease, prompt_tokens: int) -> None:
-        """The first token arrived: the prompt part of a lease's tokens is no longer pending work."""
+    def prefilled(self, lease: Lease, prompt_tokens: int, now: float | None = None) -> None:
+        """The first token arrived (at ``now``; unknown: the lease's start): the prompt part of a lease's tokens is
+        no longer pending work."""
         if lease.released:
             return
+        if lease.prefilling:
+            lease.first_token_at = lease.started_at if now is None else now
         done = min(prompt_tokens, lease.tokens)
         lease.tokens -= done
         load = self._loads.get(lease.endpoint_key)
@@ -138,6 +178,11 @@ class InflightTracker:
         """Endpoint key → its load, for every endpoint with state (the native pre-filter reads it). Read only."""
         return self._loads
 
+    def leases(self, endpoint_key: str) -> Collection[Lease]:
+        """picker's open leases on ``endpoint_key``, oldest first. Read only."""
+        open_here = self._open.get(endpoint_key)
+        return open_here.values() if open_here is not None else ()
+
     def requests(self, endpoint_key: str) -> int:
         load = self._loads.get(endpoint_key)
         return load.requests if load else 0
@@ -159,6 +204,8 @@ class InflightTracker:
     def forget_except(self, keys: Iterable[str]) -> None:
         """Drop state of endpoints that left the pool."""
         keep = set(keys)
+        for key in [k for k in self._open if k not in keep]:
+            del self._open[key]
         for key in [k for k in self._loads if k not in keep]:
             del self._loads[key]
             if self._listeners:

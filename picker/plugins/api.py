@@ -42,6 +42,7 @@ from picker.request.model import InferenceRequest
 
 __all__ = [
     "ROTATE_TIES",
+    "UNCACHED_TOKENS",
     "Category",
     "CycleState",
     "Filter",
@@ -79,6 +80,11 @@ class CycleState(dict[str, Any]):
 # request's ties by a rotation (kept over the flagged requests only), not at random, so such requests are spaced
 # evenly (token-load-scorer's ``shortPromptTokens``). Pickers that do not rank by score ignore it.
 ROTATE_TIES = "picker.rotate-ties"
+
+# A cycle-state entry a scorer that knows each candidate's prefix cache sets: endpoint key -> the prompt tokens
+# that server would still have to compute for this request. The director keeps the chosen one's on the in-flight
+# lease (``Lease.prefill_tokens``), so later estimates count what is left to prefill there, not the whole prompt.
+UNCACHED_TOKENS = "picker.uncached-tokens"
 
 
 class LoadView(Protocol):

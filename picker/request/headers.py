@@ -24,6 +24,10 @@ __all__ = [
     "PREFILLER",
     "REQUEST_ID",
     "SESSION_TOKEN",
+    "SLO_TPOT",
+    "SLO_TPOT_DEPRECATED",
+    "SLO_TTFT",
+    "SLO_TTFT_DEPRECATED",
     "SUBSET_KEY",
     "SUBSET_NAMESPACE",
     "SYSTEM_OWNED",
@@ -44,6 +48,11 @@ OBJECTIVE = "x-gateway-inference-objective"  # InferenceObjective name ⇒ prior
 FAIRNESS_ID = "x-gateway-inference-fairness-id"  # flow id; default "default-flow"
 MODEL_REWRITE = "x-gateway-model-name-rewrite"  # forces the target model
 REQUEST_ID = "x-request-id"
+# Per-request latency objectives in milliseconds (llm-d); the unprefixed names are their deprecated aliases.
+SLO_TTFT = "x-llm-d-slo-ttft-ms"
+SLO_TPOT = "x-llm-d-slo-tpot-ms"
+SLO_TTFT_DEPRECATED = "x-slo-ttft-ms"
+SLO_TPOT_DEPRECATED = "x-slo-tpot-ms"
 TEST_ENDPOINT_SELECTION = "test-epp-endpoint-selection"  # header-based-testing-filter
 
 # llm-d control headers (set by picker on the request to the decode sidecar, never taken from clients).

@@ -46,6 +46,8 @@ class InferenceRequest:
     prompt_text: str = ""  # the text used for prefix hashing (reference rules per API kind)
     prompt_tokens: int = 0  # estimate (or exact, if tokenised) of the prompt length in tokens
     max_tokens: int | None = None
+    # The answer's length is fixed at ``max_tokens`` (``ignore_eos``, or ``min_tokens`` >= ``max_tokens``).
+    fixed_output: bool = False
     stream: bool = False
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # lower-cased keys, control headers included
     objective: str | None = None  # x-gateway-inference-objective

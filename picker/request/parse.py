@@ -78,6 +78,7 @@ def parse_request(
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise errors.BadRequest("model not found in request body")
+    max_tokens = _max_tokens(doc)
     return InferenceRequest(
         request_id=rid,
         api=api,
@@ -85,7 +86,8 @@ def parse_request(
         target_model=model,
         prompt_text=prompt_text,
         prompt_tokens=prompt_tokens,
-        max_tokens=_max_tokens(doc),
+        max_tokens=max_tokens,
+        fixed_output=max_tokens is not None and _fixed_output(doc, max_tokens),
         stream=doc.get("stream") is True,
         headers=headers,
         objective=objective,
@@ -146,6 +148,14 @@ def _path(headers: Mapping[str, str]) -> str | None:
         if value:
             return value
     return None
+
+
+def _fixed_output(doc: Mapping[str, Any], max_tokens: int) -> bool:
+    """Whether the answer is exactly ``max_tokens`` long: ``ignore_eos``, or ``min_tokens`` >= ``max_tokens``."""
+    if doc.get("ignore_eos") is True:
+        return True
+    low = doc.get("min_tokens")
+    return isinstance(low, int) and not isinstance(low, bool) and low >= max_tokens
 
 
 def _max_tokens(doc: Mapping[str, Any]) -> int | None:

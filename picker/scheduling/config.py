@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
@@ -52,89 +53,9 @@ API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 KIND = "EndpointPickerConfig"
 DEFAULT_PROFILE = "default"
 
-# picker's built-in default, chosen in the policy lab over seven workload/traffic scenarios (docs/scheduling.md
-# has the candidates and their numbers; ``picker bench lab-eval`` regenerates them). Against the reference default
-# (queue 2, KV cache 2, prefix 3; kept as ``picker.bench.policies.REFERENCE_CONFIG_TEXT`` and in the Helm chart):
-# * prefix-cache-scorer scores matched *tokens* (saturating at 2048), not the matched share of the prompt, so a
-#   short prompt matched whole no longer outweighs a long shared prefix (GIE #2561); ``coldSpread`` sends a
-#   prompt that no server holds to the server picker has placed the least content on (SGLang's smallest tree);
-#   ``maxLoadFactor``/``loadCapFloor`` stop a hot prefix from following its holder once that server works on
-#   more than 3x the pool's mean number of requests (and more than 8) - counted from the servers' own queues,
-#   so the cap also holds when other clients or picker replicas fill that server - and keep new prefixes off
-#   such a server too (one back from a slow spell had the emptiest cache and took every new prompt);
-#   ``coldSpreadSpeedFrom`` weighs the spread of prompts under two blocks by each server's speed (the
-#   relative-ttft-scorer's view), so a slow server takes fewer short requests instead of its even share;
-#   ``coldSpreadPlacedWhenFull``: once picker's
-#   index is full for every server (the blocks held compare equal), a cold prompt goes by the new content each
-#   server took in lately, strictly to the least once every server queues (sessions come back for their next
-#   turns: that content is work still to come); ``coldSpreadLoraFit``: a cold prompt for a LoRA adapter is spread
-#   only over the servers where the adapter runs or has a free slot, not onto one where it would wait for another
-#   adapter to drain and be unloaded; ``coldSpreadDebtLimit``: a server that took little for a while (shunned as
-#   slow, new, restarted) is owed at most one prompt's worth of content below the median, so it is not sent
-#   every new session until it has caught up;
-# * token-load-scorer with ``loadSource: blended``: per server, the scraped waiting + running requests
-#   (fresh samples only) minus the requests picker itself had sent when the page was sampled, weighed in tokens,
-#   plus picker's exact in-flight tokens and this request's uncached prefill, on a 32k-token scale. Neither a
-#   scrape (a poll interval stale) nor picker's ledger (blind to traffic it did not route, empty after a
-#   restart) decides alone; a stale or missing scrape falls back to the ledger; a prompt under 512 tokens
-#   also counts 512 tokens on a server where a prefill of picker's is pending (it would wait for that step),
-#   in that server's time (a slow server's step takes longer), so short requests do not come in runs; a streamed
-#   prompt under 32 tokens, while most recent requests are such, counts only the queue ahead of it that picker
-#   did not send (512 tokens per request the server reports waiting beyond picker's, and a slow server's own
-#   next step), not the answers being decoded nor picker's own pending prefills unless they pile up (more than
-#   twice the mean plus one), and the servers left equal are taken in turn (round robin where nothing else
-#   differs: the rotation spaces picker's own prompts);
-# * relative-ttft-scorer (weight 1): a server whose median TTFT, relative to the pool's for the same prefill
-#   size, is beyond 1.25x the pool's median is scored down in proportion - the slow server no queue shows yet;
-#   a server not heard from in 30 s comes back gradually (its slowness fades toward 1), not all at once; a
-#   pick still waiting for its first token past 2x the pool's TTFT counts already, so a server that stops
-#   answering is seen while its first tokens are missing;
-# * lora-affinity-scorer sends an adapter's requests where it is loaded (without LoRA every server scores the
-#   same, so it changes nothing).
-# The previous default (ledger only, no cap, no TTFT) is ``picker.bench.policies.PREVIOUS_CONFIG_TEXT``.
-# Implied: max-score-picker, single-profile-handler.
-DEFAULT_CONFIG_TEXT = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefix-cache-scorer
-  parameters:
-    scoreMode: tokens
-    coldSpread: 1.0
-    maxLoadFactor: 3.0
-    loadCapFloor: 8
-    coldSpreadSpeedFrom: relative-ttft-scorer
-    coldSpreadPlacedWhenFull: true
-    coldSpreadLoraFit: true
-    coldSpreadDebtLimit: 1
-- type: token-load-scorer
-  parameters:
-    queueThresholdTokens: 32768
-    loadSource: blended
-    prefillPendingTokens: 512
-    prefillPendingSpeedFrom: relative-ttft-scorer
-    shortPromptTokens: 32
-- type: relative-ttft-scorer
-- type: lora-affinity-scorer
-- type: metrics-data-source
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: token-load-scorer
-    weight: 2
-  - pluginRef: relative-ttft-scorer
-    weight: 1
-  - pluginRef: lora-affinity-scorer
-    weight: 1
-dataLayer:
-  sources:
-  - pluginRef: metrics-data-source
-    extractors:
-    - pluginRef: core-metrics-extractor
-"""
+# picker's built-in default: one file, read by ``picker serve`` without ``--config`` and rendered by the Helm chart
+# (``deploy/helm/picker/files/default-plugins.yaml`` is a link to it). docs/scheduling.md says what it does and why.
+DEFAULT_CONFIG_TEXT = (resources.files("picker.scheduling") / "default-plugins.yaml").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from picker.plugins import api
 from picker.plugins.api import (
     ROTATE_TIES,
+    UNCACHED_TOKENS,
     Category,
     CycleState,
     PluginContext,
@@ -43,6 +44,7 @@ from picker.request.model import InferenceRequest
 
 __all__ = [
     "ROTATE_TIES",
+    "UNCACHED_TOKENS",
     "Category",
     "CycleState",
     "EndpointsChanged",

@@ -25,8 +25,11 @@ Presets (numbers each produces are checked by tests/sim/test_presets.py and list
 
 * ``h100-8b``: an 8B model on one H100, matched to the reference profile (TTFT 60-120 ms for a 256-token
   prompt, ITL 10-15 ms).
-* ``cpu``: the seed's CPU measurements: a 13-token prompt answered with 4 tokens in ~0.21 s, 512 tokens
-  streamed in ~15.6 s.
+* ``cpu``: the seed's CPU server (16 sequences), fitted to its measurements one request at a time: a 13-token
+  prompt's TTFT 0.110 s; a 116-token prompt's TTFT 0.772 s and 512 tokens streamed in 15.62 s (docs/simulator.md
+  says why 116 tokens and where the fit misses).
+* ``gpu-bounded``: ``h100-8b``'s step times on a GPU whose limits bind: 16 sequences and a 4096-token KV pool
+  (256 blocks), so a few long answers fill the cache and the newest running request is preempted.
 * ``fast``: tiny step times for tests (a 32-token answer in ~70 ms).
 """
 
@@ -136,17 +139,34 @@ PRESETS: dict[str, EngineConfig] = {
         num_gpu_blocks=25000,
         max_model_len=8192,
     ),
-    # Fitted to the seed's CPU runs: TTFT(13 tokens) ~0.12 s, ITL ~30 ms growing slowly with context.
+    # The seed's CPU server, one request at a time: TTFT 0.110 s for 13 prompt tokens and 0.772 s for 116; a
+    # decode step ~29 ms, +2 ms per extra sequence in the batch (docs/simulator.md).
     "cpu": EngineConfig(
         timing=StepTiming(
-            overhead_s=0.028,
-            prefill_s_per_token=0.00707,
+            overhead_s=0.02665,
+            prefill_s_per_token=0.00641,
             decode_s_per_seq=0.002,
             context_s_per_token=1.1e-6,
         ),
         max_num_seqs=16,
         max_num_batched_tokens=2048,
         num_gpu_blocks=2048,
+        max_model_len=4096,
+    ),
+    # h100-8b's speed where the slots and the KV cache run out: 16 sequences, 256 blocks (4096 tokens) - about
+    # six 512-token answers with their prompts.
+    "gpu-bounded": EngineConfig(
+        timing=StepTiming(
+            overhead_s=0.011,
+            prefill_overhead_s=0.035,
+            prefill_s_per_token=0.00012,
+            decode_s_per_seq=0.00005,
+            context_s_per_token=4e-8,
+            lora_overhead_s=0.002,
+        ),
+        max_num_seqs=16,
+        max_num_batched_tokens=8192,
+        num_gpu_blocks=256,
         max_model_len=4096,
     ),
     "fast": EngineConfig(

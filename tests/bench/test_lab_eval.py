@@ -15,12 +15,14 @@ from picker.scheduling.config import DEFAULT_CONFIG_TEXT
 
 def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
-    argv = ["bench", "lab-eval", "--quick", "--scenarios", "plain,external", "--json", str(out), "--png", str(png)]
+    argv = ["bench", "lab-eval", "--quick", "--scenarios", "plain,external", "--workloads", "standard"]
+    argv += ["--json", str(out), "--png", str(png)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "vs the best other policy" in text
     doc = orjson.loads(out.read_bytes())
-    assert set(doc["workloads"]) == set(EVAL_WORKLOADS) == {"shared-prefix", "multi-turn", "short-long", "multi-lora"}
+    standard = set(lab_eval.WORKLOAD_GROUPS["standard"])
+    assert set(doc["workloads"]) == standard == {"shared-prefix", "multi-turn", "short-long", "multi-lora"}
     assert set(doc["eval"]["scenarios"]) == {"plain", "external"}
     for name, w in doc["workloads"].items():
         got = {(r["scenario"], r["policy"], r["rate"]) for r in w["runs"]}
@@ -36,7 +38,7 @@ def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pyt
                 assert 0.6 * doc["eval"]["requests"] < r["ok"] + r["failed"] < 0.8 * doc["eval"]["requests"]
             assert r["ttft_s"]["p90"] > 0
     assert {(r["scenario"], r["workload"]) for r in doc["ratios"]} == {
-        (sc, w) for sc in ("plain", "external") for w in EVAL_WORKLOADS
+        (sc, w) for sc in ("plain", "external") for w in standard
     }
     assert png.stat().st_size > 10_000
 
@@ -45,6 +47,34 @@ def test_quick_eval_covers_every_policy_and_workload(tmp_path: Path, capsys: pyt
     print(f"shared-prefix at {shared['rate']:g} req/s: round robin p90 / picker p90 = {shared['vs_rr']:.1f}x")
     assert shared["picker_p90_s"] < shared["rr_p90_s"]
     assert shared["vs_rr"] == pytest.approx(shared["rr_p90_s"] / shared["picker_p90_s"])
+
+
+def test_seed_mix_points_run_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--workloads seed-mix``: the bounded-concurrency points only, open and closed loop, with the mix's numbers."""
+    out, md = tmp_path / "mix.json", tmp_path / "mix.md"
+    argv = ["bench", "lab-eval", "--quick", "--workloads", "seed-mix", "--requests", "40", "--jobs", "1"]
+    argv += ["--policies", "lc,envoy-least-request,picker", "--json", str(out), "--markdown", str(md)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    doc = orjson.loads(out.read_bytes())
+    group = lab_eval.WORKLOAD_GROUPS["seed-mix"]
+    assert set(doc["workloads"]) == set(group)
+    assert len(group) == 5
+    for name in group:
+        w = EVAL_WORKLOADS[name]
+        runs = doc["workloads"][name]["runs"]
+        assert doc["workloads"][name]["closed_loop"] == w.closed
+        # Each workload runs only under its own scenarios (the seed-mix ones: plain, and some a slow server).
+        assert {r["scenario"] for r in runs} == {sc for sc in w.scenarios or () if sc in doc["eval"]["scenarios"]}
+        for r in runs:
+            assert r["failed"] == 0
+            assert r["ok"] == 40
+            assert r["mix"]["short"] + r["mix"]["long"] == 40
+            assert r["mix"]["short_ttft_p90_s"] > 0
+            assert r["mix"]["long_tpot_p90_s"] > 0
+    text = md.read_text()
+    assert "4 streams" in text
+    assert "short-request TTFT p90 / long-answer TPOT p90 / e2e p90" in text
 
 
 def test_ratios_pick_the_best_other_policy_per_rate() -> None:

@@ -39,6 +39,7 @@ def test_every_name_makes_a_policy_and_unknown_names_are_refused() -> None:
             assert make_policy(name, c).name == name
     assert make_policy("round-robin", c).name == "rr"
     assert make_policy("power-of-two", c).name == "p2c"
+    assert make_policy("least-request", c).name == "lc"
     with pytest.raises(ValueError, match="unknown policy 'fastest'"):
         make_policy("fastest", c)
     with pytest.raises(errors.ConfigError, match="cannot read config file"):
@@ -165,3 +166,31 @@ def test_scheduler_policy_runs_the_production_hooks() -> None:
     again = policy.pick(request(prompt=prompt + "two"), EPS)
     assert again.endpoint == first.endpoint
     policy.completed(request(), ResponseInfo(endpoint_key=first.endpoint.key, status=200))
+
+
+def test_envoy_least_request_draws_two_hosts_with_replacement() -> None:
+    """Envoy's N_CHOICES: two draws that may hit the same host; the second wins only with strictly fewer."""
+    c = ctx(seed=1)
+    policy = make_policy("envoy-least-request", c)
+    for ep in EPS[1:]:
+        load(c, ep, 1)
+    rng = random.Random(1)  # the draws the policy will make
+    picks = []
+    for _ in range(400):
+        a, b = EPS[rng.randrange(4)], EPS[rng.randrange(4)]
+        want = b if c.inflight.requests(b.key) < c.inflight.requests(a.key) else a
+        got = policy.pick(request(), EPS).endpoint
+        assert got == want
+        picks.append(got)
+    # The idle host wins whenever it is drawn (7 in 16 pairs); a pair without it picks its first host.
+    assert picks.count(EPS[0]) / len(picks) == pytest.approx(7 / 16, abs=0.07)
+
+
+def test_picker_v2_is_the_pinned_second_default() -> None:
+    policy = make_policy("picker-v2", ctx())
+    assert isinstance(policy, SchedulerPolicy)
+    profile = policy.scheduler.config.profiles["default"]
+    assert [(w.scorer.type, w.weight) for w in profile.scorers] == [
+        ("prefix-cache-scorer", 3.0), ("token-load-scorer", 2.0), ("relative-ttft-scorer", 1.0),
+        ("lora-affinity-scorer", 1.0),
+    ]  # fmt: skip

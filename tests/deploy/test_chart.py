@@ -285,18 +285,40 @@ def test_extra_flags_render_once_and_typed(tmp_path: Path) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_engine_reaches_picker_through_the_plugins_config(engine: str, rendered: dict[str, Rendered]) -> None:
     out = rendered[f"engine-{engine}"]
-    config = yaml.safe_load(out.one("ConfigMap")["data"]["default-plugins.yaml"])
-    assert config["apiVersion"] == "inference.networking.x-k8s.io/v1alpha1"
-    assert config["kind"] == "EndpointPickerConfig"
-    plugins = {p["type"]: p.get("parameters", {}) for p in config["plugins"]}
-    assert plugins["core-metrics-extractor"] == {"defaultEngine": engine}
+    for name in ("default-plugins.yaml", "reference-plugins.yaml"):
+        config = yaml.safe_load(out.one("ConfigMap")["data"][name])
+        assert config["apiVersion"] == "inference.networking.x-k8s.io/v1alpha1"
+        assert config["kind"] == "EndpointPickerConfig"
+        plugins = {p["type"]: p.get("parameters", {}) for p in config["plugins"]}
+        assert plugins["core-metrics-extractor"] == {"defaultEngine": engine}
+        (profile,) = config["schedulingProfiles"]
+        for ref in profile["plugins"]:
+            assert ref["pluginRef"] in plugins
+    # No per-metric-name flags (the reference's --total-queued-requests-metric etc.): the engine selects them.
+    assert not [name for name in out.args() if name.endswith("-metric")]
+
+
+def test_the_charts_default_is_pickers_built_in_default(rendered: dict[str, Rendered]) -> None:
+    """One source: the chart renders picker's own default file, the engine set on its metrics extractor."""
+    from picker.scheduling.config import DEFAULT_CONFIG_TEXT
+
+    out = rendered["defaults"]
+    assert out.args()["config-file"] == "/config/default-plugins.yaml"
+    chart = yaml.safe_load(out.one("ConfigMap")["data"]["default-plugins.yaml"])
+    built_in = yaml.safe_load(DEFAULT_CONFIG_TEXT)
+    for plugin in built_in["plugins"]:
+        if plugin["type"] == "core-metrics-extractor":
+            plugin["parameters"] = {"defaultEngine": "vllm"}
+    assert chart == built_in
+
+
+def test_the_reference_profile_is_one_value_away(tmp_path: Path) -> None:
+    out = render(tmp_path, merged(BASE, ie(pluginsConfigFile="reference-plugins.yaml")))
+    assert out.args()["config-file"] == "/config/reference-plugins.yaml"
+    config = yaml.safe_load(out.one("ConfigMap")["data"]["reference-plugins.yaml"])
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p["weight"] for p in profile["plugins"]}
     assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
-    for ref in weights:
-        assert ref in plugins
-    # No per-metric-name flags (the reference's --total-queued-requests-metric etc.): the engine selects them.
-    assert not [name for name in out.args() if name.endswith("-metric")]
 
 
 def test_custom_plugins_config_is_mounted_and_selected(tmp_path: Path) -> None:

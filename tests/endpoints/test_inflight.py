@@ -39,3 +39,20 @@ def test_requests_count_as_prefilling_until_their_first_token_or_their_release()
 class _Key:
     def __init__(self, key: str) -> None:
         self.key = key
+
+
+def test_open_leases_are_listed_per_endpoint_oldest_first_until_released() -> None:
+    tracker = InflightTracker()
+    first = tracker.acquire("a:1", 30, 0.0, prefill_tokens=10, max_output_tokens=20, fixed_output=True, model="m")
+    second = tracker.acquire("a:1", 5, 1.0)
+    tracker.acquire("b:1", 5, 1.0)
+    assert list(tracker.leases("a:1")) == [first, second]
+    assert (first.prefill_tokens, first.max_output_tokens, first.fixed_output, first.model) == (10, 20, True, "m")
+    tracker.prefilled(first, 10, 2.5)
+    assert first.first_token_at == 2.5
+    tracker.release(first)
+    assert list(tracker.leases("a:1")) == [second]
+    tracker.release(second)
+    assert list(tracker.leases("a:1")) == []
+    tracker.forget_except({"a:1"})
+    assert list(tracker.leases("b:1")) == []

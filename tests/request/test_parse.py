@@ -356,3 +356,20 @@ def test_random_objects_only_raise_bad_request(doc: dict[str, Any], path: str | 
     assert isinstance(req.model, str)
     assert req.model
     assert req.prompt_tokens >= 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "fixed"),
+    [
+        ({"max_tokens": 512, "ignore_eos": True}, True),
+        ({"max_tokens": 512, "min_tokens": 512}, True),
+        ({"max_tokens": 512, "min_tokens": 600}, True),
+        ({"max_tokens": 512, "min_tokens": 10}, False),
+        ({"max_tokens": 512}, False),
+        ({"ignore_eos": True}, False),  # no length to fix it at
+        ({"max_tokens": 512, "min_tokens": True}, False),
+    ],
+)
+def test_an_answer_is_fixed_at_max_tokens_with_ignore_eos_or_min_tokens(extra: dict[str, Any], fixed: bool) -> None:
+    req = parse_request(_path("/v1/completions"), _body(model="m", prompt="hello", **extra))
+    assert req.fixed_output is fixed

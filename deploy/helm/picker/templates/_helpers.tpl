@@ -65,8 +65,8 @@ Checks the JSON schema cannot express: cross-key rules. Included once from the D
 */}}
 {{- define "picker.validate" -}}
 {{- $ie := .Values.inferenceExtension -}}
-{{- if and (ne $ie.pluginsConfigFile "default-plugins.yaml") (not (hasKey $ie.pluginsCustomConfig $ie.pluginsConfigFile)) -}}
-{{- fail (printf "inferenceExtension.pluginsConfigFile %q is neither default-plugins.yaml nor a key of inferenceExtension.pluginsCustomConfig" $ie.pluginsConfigFile) -}}
+{{- if and (not (has $ie.pluginsConfigFile (list "default-plugins.yaml" "reference-plugins.yaml"))) (not (hasKey $ie.pluginsCustomConfig $ie.pluginsConfigFile)) -}}
+{{- fail (printf "inferenceExtension.pluginsConfigFile %q is neither default-plugins.yaml, reference-plugins.yaml nor a key of inferenceExtension.pluginsCustomConfig" $ie.pluginsConfigFile) -}}
 {{- end -}}
 {{- if eq (include "picker.poolGroup" .) "inference.networking.x-k8s.io" -}}
 {{- if gt (len .Values.inferencePool.targetPorts) 1 -}}
@@ -134,7 +134,17 @@ that must keep an old pod until new ones are Ready never finishes. Only maxUnava
 {{- end -}}
 
 {{/* The reference default plugins, with the engine so picker reads the right metric names. */}}
+{{/*
+picker's built-in default (files/default-plugins.yaml links to picker/scheduling/default-plugins.yaml: one source
+for `picker serve` and the chart), its metrics extractor told the pool's engine.
+*/}}
 {{- define "picker.defaultPlugins" -}}
+{{- $engine := printf "- type: core-metrics-extractor\n  parameters:\n    defaultEngine: %s\n" .Values.inferencePool.modelServerType -}}
+{{- .Files.Get "files/default-plugins.yaml" | replace "- type: core-metrics-extractor\n" $engine | trimSuffix "\n" -}}
+{{- end -}}
+
+{{/* The reference EPP's default profile (queue 2, KV cache 2, prefix 3): pluginsConfigFile: reference-plugins.yaml */}}
+{{- define "picker.referencePlugins" -}}
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
