@@ -71,10 +71,11 @@ async def test_streaming_response_passes_through_nginx(tmp_path: Path) -> None:
     assert lines[-1] == b"data: [DONE]"
     chunks = [orjson.loads(ln[6:]) for ln in lines[:-1]]
     assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "".join(STREAM_WORDS)
-    # 8 words 0.2 s apart: the first arrives long before the last is written (~1.6 s), in many pieces.
-    assert arrivals[0] < 0.8
+    # 8 words 0.2 s apart: the first arrives long before the last is written (~1.6 s), in many pieces; a
+    # buffered answer would arrive in one piece at the end.
+    assert arrivals[0] < 1.0
     assert len(arrivals) >= 6
-    assert arrivals[-1] - arrivals[0] > 1.2
+    assert arrivals[-1] - arrivals[0] > 1.0
 
 
 @pytest.mark.parametrize("failure_mode", [ngf.FAIL_OPEN, ngf.FAIL_CLOSE])
