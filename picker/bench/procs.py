@@ -106,6 +106,8 @@ class Child:
         self.proc = proc
         self._log = log
         self.stopping = False
+        # A program with no SIGTERM handler (NGF's shim) dies by the signal ``stop`` sends: that is a clean stop.
+        self.dies_on_sigterm = False
 
     @property
     def pid(self) -> int:
@@ -113,7 +115,11 @@ class Child:
 
     @property
     def returncode(self) -> int | None:
-        return self.proc.returncode
+        """Its exit code once it exited; 0 for a clean stop (see ``dies_on_sigterm``)."""
+        code = self.proc.returncode
+        if code == -signal.SIGTERM and self.dies_on_sigterm and self.stopping:
+            return 0
+        return code
 
     def output(self, tail_bytes: int = 6000) -> str:
         """The last ``tail_bytes`` of its output. ``pread``: the child shares the file offset, so no seeking."""
@@ -136,8 +142,10 @@ class Child:
             raise ChildFailed(f"{self.name}: {exc}\n{self.output()}") from None
 
     async def stop(self, timeout_s: float = 10.0) -> int:
+        """Stop it (SIGTERM, then SIGKILL after ``timeout_s``); its exit code, 0 for a clean stop."""
         self.stopping = True
-        return await stop_process(self.proc, timeout_s)
+        code = await stop_process(self.proc, timeout_s)
+        return 0 if self.dies_on_sigterm and code == -signal.SIGTERM else code  # as ``returncode``
 
 
 @dataclass(slots=True)

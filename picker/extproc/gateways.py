@@ -2,10 +2,11 @@
 
 * **envoy**: the first message carries ``protocol_config`` (Envoy ≥ 1.33) naming the request and response body
   modes; without it FULL_DUPLEX_STREAMED (the reference configuration) is assumed.
-* **nginx** (NGINX Gateway Fabric's Go shim): no ``protocol_config``; header values in ``value`` strings (Go's
-  canonical key case); one body message with EOS, then half-close; no ``:path``, no metadata, no response
-  phases; it reads only the ``x-gateway-destination-endpoint`` entry of the *request-headers* response. So picker
-  holds that response until the body is in, and sends nothing else (the shim would drop body chunks anyway).
+* **nginx** (NGINX Gateway Fabric's Go shim): no ``protocol_config``; header values in ``value`` strings, keys
+  lower-cased, in any order; no pseudo-headers, no ``host``; one body message with EOS, then half-close; no
+  metadata, no response phases; it reads only the ``raw_value`` of the ``x-gateway-destination-endpoint`` entry of
+  the *request-headers* response. So picker holds that response until the body is in, and sends nothing else
+  (the shim would drop body chunks anyway).
 * **agentgateway**: full duplex both ways; uses the first endpoint of the destination list only.
 
 ``auto`` recognises the shim by its ``value`` strings when no ``protocol_config`` came; agentgateway can't be

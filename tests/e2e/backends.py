@@ -33,6 +33,7 @@ class Backend:
     port: int = 0  # 0: any free port (read it after start)
     host: str = "127.0.0.1"  # any 127.0.0.0/8 address: several "pods" can share one port, as a pool's pods do
     delay_s: float = 0.0  # time to "generate" before answering: keeps requests in flight
+    word_delay_s: float = 0.002  # between streamed (SSE) chunks
     _runner: web.AppRunner | None = None
 
     @property
@@ -108,7 +109,7 @@ class Backend:
                 "choices": [delta],
             }
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(self.word_delay_s)
         final = {
             "id": "x",
             "object": "chat.completion.chunk" if chat else "text_completion",

@@ -1,5 +1,5 @@
-"""End to end on NGINX Gateway Fabric's data path: real nginx + njs (Debian) → the endpoint-picker shim (Go,
-tools/ngf-shim) → picker (TLS) → three HTTP backends. picker/bench/ngf.py builds the pieces.
+"""End to end on NGINX Gateway Fabric's data path: real nginx + njs (Debian) with NGF's ``epp.js`` → NGF's own
+endpoint-picker shim → picker (TLS) → three HTTP backends. picker/bench/ngf.py builds the pieces.
 
 The backends report their own queue depth; picker (reference queue/KV scoring) must send every request to the
 backend with the shortest queue, through nginx's ``$inference_workload_endpoint``. FailOpen and FailClose are
@@ -9,9 +9,6 @@ NGF's map from the pick to the upstream; picker down, and picker refusing a requ
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -19,61 +16,10 @@ import orjson
 import pytest
 
 from picker.bench import ngf, procs
-from tests.e2e.backends import STREAM_WORDS, Backend
-from tests.e2e.pool import picker_over_backends
-from tests.e2e.procs import free_port
+from tests.e2e.backends import STREAM_WORDS
+from tests.e2e.ngf_stack import access_log, post, stack
 
 pytestmark = pytest.mark.e2e
-
-
-@dataclass
-class Stack:
-    url: str
-    backends: list[Backend]
-    picker: asyncio.subprocess.Process
-    nginx: procs.Child
-    shim: procs.Child
-
-
-@contextlib.asynccontextmanager
-async def stack(
-    tmp_path: Path, *, failure_mode: str = ngf.FAIL_CLOSE, queues: tuple[int, ...] = (10, 0, 5), tls: bool = True
-) -> AsyncIterator[Stack]:
-    listen_port, shim_port = free_port(), free_port()
-    async with picker_over_backends(queues, [f"--secure-serving={'true' if tls else 'false'}"]) as pool:
-        config = ngf.render(
-            tmp_path / "nginx",
-            listen_port=listen_port,
-            shim_port=shim_port,
-            picker_host="127.0.0.1",
-            picker_port=pool.grpc_port,
-            backends=[("127.0.0.1", b.port) for b in pool.backends],
-            failure_mode=failure_mode,
-        )
-        async with ngf.run_shim(shim_port, tls=tls) as shim, ngf.run_nginx(config, listen_port) as nginx:
-            yield Stack(f"http://127.0.0.1:{listen_port}", pool.backends, pool.picker, nginx, shim)
-            for child in (nginx, shim):
-                child.check()
-
-
-async def post(
-    session: aiohttp.ClientSession, url: str, body: dict[str, object] | bytes, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with session.post(url, data=data, headers={"content-type": "application/json", **(headers or {})}) as resp:
-        return resp.status, dict(resp.headers), await resp.read()
-
-
-async def access_log(tmp_path: Path, lines: int, timeout_s: float = 5.0) -> list[str]:
-    """nginx writes a request's access-log line after it has sent the response: wait for ``lines`` of them."""
-    path = tmp_path / "nginx" / "access.log"
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        found = path.read_text().splitlines() if path.exists() else []
-        if len(found) >= lines or loop.time() >= deadline:
-            return found
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("tls", [True, False], ids=["tls", "plaintext"])
@@ -87,7 +33,7 @@ async def test_requests_land_on_the_backend_picker_chose(tmp_path: Path, tls: bo
             assert headers["x-backend"] == "b1"  # the only backend with an empty queue
             assert orjson.loads(body)["choices"][0]["text"] == "".join(STREAM_WORDS[:3])
         assert len(s.backends[1].served) == 8
-        picks = [ln.split(" ")[3] for ln in await access_log(tmp_path, 8)]
+        picks = [ln.split(" ")[3] for ln in await access_log(s.directory, 8)]
         assert picks == [f'"{s.backends[1].hostport}"'] * 8  # $inference_workload_endpoint: picker's choice
         assert not s.backends[0].served
         assert not s.backends[2].served
@@ -107,15 +53,29 @@ async def test_requests_land_on_the_backend_picker_chose(tmp_path: Path, tls: bo
 
 
 async def test_streaming_response_passes_through_nginx(tmp_path: Path) -> None:
+    """SSE arrives chunk by chunk as the server writes it (nginx's default proxy buffering, as NGF renders the
+    internal location, passes each chunk on as it reads it), intact."""
     async with stack(tmp_path) as s, aiohttp.ClientSession() as session:
+        s.backends[1].word_delay_s = 0.2
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
-        status, headers, raw = await post(session, f"{s.url}/v1/chat/completions", body)
-        assert status == 200
-        assert headers["x-backend"] == "b1"
-        lines = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
-        assert lines[-1] == b"data: [DONE]"
-        chunks = [orjson.loads(ln[6:]) for ln in lines[:-1]]
-        assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "".join(STREAM_WORDS)
+        loop = asyncio.get_running_loop()
+        arrivals: list[float] = []
+        raw = b""
+        sent_at = loop.time()
+        async with session.post(f"{s.url}/v1/chat/completions", data=orjson.dumps(body)) as resp:
+            assert (resp.status, resp.headers["x-backend"]) == (200, "b1")
+            async for piece in resp.content.iter_any():
+                arrivals.append(loop.time() - sent_at)
+                raw += piece
+    lines = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
+    assert lines[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(ln[6:]) for ln in lines[:-1]]
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "".join(STREAM_WORDS)
+    # 8 words 0.2 s apart: the first arrives long before the last is written (~1.6 s), in many pieces; a
+    # buffered answer would arrive in one piece at the end.
+    assert arrivals[0] < 1.0
+    assert len(arrivals) >= 6
+    assert arrivals[-1] - arrivals[0] > 1.0
 
 
 @pytest.mark.parametrize("failure_mode", [ngf.FAIL_OPEN, ngf.FAIL_CLOSE])
@@ -150,5 +110,15 @@ async def test_picker_refusing_a_request_is_bypassed(tmp_path: Path) -> None:
     assert (status_text, picked, uri) == ("500", '""', "/v1/completions")
     assert upstream.strip('"') in {b.hostport for b in s.backends}  # the pool's upstream, not a pick
     log = (tmp_path / "nginx" / "error.log").read_text()
-    assert "no inference endpoint from the EndpointPicker: status 400" in log
+    assert "could not get specific inference endpoint from EndpointPicker; status: 400" in log
     assert "inference error: BadRequest" in log
+
+
+async def test_a_second_shim_waits_for_the_fixed_port() -> None:
+    """NGF's shim always listens on 127.0.0.1:54800: a second run waits for the first (here: gives up after 0.3 s
+    with a clear error) instead of colliding with it."""
+    async with ngf.run_shim() as first:
+        with pytest.raises(procs.ChildFailed, match=r"127.0.0.1:54800 is held by another run"):
+            async with ngf.run_shim(lock_wait_s=0.3):
+                pass
+        first.check()

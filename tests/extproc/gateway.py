@@ -344,9 +344,10 @@ class AgentGateway(Gateway):
 
 
 class NginxShim(Gateway):
-    """NGINX Gateway Fabric's Go shim: new channel per request, Go-canonical keys in ``value`` strings, one body
-    message with EOS, no :path, no metadata, no response phases; reads only the request-headers answer's
-    destination ``raw_value``."""
+    """NGINX Gateway Fabric's Go shim (``cmd/gateway/endpoint_picker.go``): new channel per request; the request's
+    headers lower-cased in ``value`` strings, in Go's map order (any: here reversed), no pseudo-headers, no
+    ``host``, plus ``x-epp-host``/``x-epp-port``; one body message with EOS, none for an empty body; no metadata,
+    no response phases; reads only the request-headers answer's destination ``raw_value``."""
 
     name = "nginx"
     sends_protocol_config = False
@@ -365,10 +366,9 @@ class NginxShim(Gateway):
     def request_messages(
         self, headers: Mapping[str, str], chunks: Sequence[bytes], **kw: object
     ) -> list[pb.ProcessingRequest]:
-        canonical = {
-            k if k.startswith(":") else "-".join(p.capitalize() for p in k.split("-")): v for k, v in headers.items()
-        }
-        return super().request_messages(canonical, chunks, **kw)  # type: ignore[arg-type]
+        shim = {k.lower(): v for k, v in reversed(headers.items()) if not k.startswith(":") and k.lower() != "host"}
+        shim |= {"x-epp-host": "picker.default", "x-epp-port": "9002"}
+        return super().request_messages(shim, chunks, **kw)  # type: ignore[arg-type]
 
     def interpret(
         self,

@@ -5,7 +5,7 @@
 //
 // It exists because the benchmark's Python client (picker/bench/extproc_client.py) spends about a millisecond of
 // CPU per request: on a 2-core machine it takes a core from the server it measures. Envoy, the real client, is
-// compiled; so is this one (grpc-go and go-control-plane's ext_proc v3 types, as in tools/ngf-shim).
+// compiled; so is this one (grpc-go and go-control-plane's ext_proc v3 types, as NGF's shim).
 //
 // Two modes, one JSON object on stdout:
 //
