@@ -124,7 +124,7 @@ class Exchange:
         self._salts: dict[str, int] = {}
         self._changed: set[str] = set()  # servers whose own totals changed since the last flush
         self._scrapes: list[SharedScrape] = []
-        # Set by the wiring between a pod's workers (app.py): takes the peers' poll outcomes and the clock.
+        # Set by the wiring between a pod's workers (app/root.py): takes the peers' poll outcomes and the clock.
         self.on_scrapes: Callable[[tuple[SharedScrape, ...], float], None] | None = None
         for scorer in self._scorers.values():
             scorer.on_learn = self._learned

@@ -53,7 +53,7 @@ class ScrapeShare:
         self.index = index
         self.count = count
         self.takeover_s = takeover_s
-        # Set by the wiring (app.py): hands this worker's outcomes to the exchange.
+        # Set by the wiring (app/root.py): hands this worker's outcomes to the exchange.
         self.publish: Callable[[list[SharedScrape]], None] | None = None
         self._listener: Callable[[Sequence[SharedScrape]], None] | None = None
         self._heard: dict[str, float] = {}  # server -> when an outcome about it last arrived
