@@ -232,17 +232,9 @@ async def phase(
             seed=plan.seed,
         )
         result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
-        for child in children:
-            child.check()
-        codes = [(child.name, await child.stop()) for child in reversed(children)]
-        bad = [f"{name} exited with {code}" for name, code in codes if code != 0]
-        if bad:
-            raise procs.ChildFailed("; ".join(bad))
-    # Servers by position (each phase has fresh ones on new ports): "server-1" is the first in both phases.
-    names = {f"sim-{p}": f"server-{i + 1}" for i, p in enumerate(ports)}
-    for rec in result.records:
-        if rec.backend is not None:
-            rec.backend = names.get(rec.backend, rec.backend)
+        await stack_procs.stop_all(children)
+    names = stack_procs.by_position(ports)
+    stack_procs.name_servers(result.records, names)
     return result, list(names.values())
 
 

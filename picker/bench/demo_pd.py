@@ -257,16 +257,8 @@ async def _phase(
             result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
             stats = await _stats(servers)
             decisions = await _decision_counts(metrics_port)
-            for child in children:
-                child.check()
-            codes = [(child.name, await child.stop()) for child in reversed(children)]
-            bad = [f"{name} exited with {code}" for name, code in codes if code != 0]
-            if bad:
-                raise procs.ChildFailed("; ".join(bad))
-    names = {f"sim-{s.port}": s.name for s in servers}
-    for rec in result.records:
-        if rec.backend is not None:
-            rec.backend = names.get(rec.backend, rec.backend)
+            await stack_procs.stop_all(children)
+    stack_procs.name_servers(result.records, {f"sim-{s.port}": s.name for s in servers})
     return _Phase(label, result, [s.name for s in servers], stats, decisions)
 
 

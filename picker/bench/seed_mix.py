@@ -234,15 +234,7 @@ async def phase(name: str, plan: SeedMixPlan, envoy_bin: str, on_start: OnStart)
         )
         workload = wl.seed_mix(long_output=plan.long_output, seed=plan.seed)
         result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
-        for child in children:
-            child.check()
-        codes = [(child.name, await child.stop()) for child in reversed(children)]
-        bad = [f"{child} exited with {code}" for child, code in codes if code != 0]
-        if bad:
-            raise procs.ChildFailed("; ".join(bad))
-    # Servers by position (fresh ports each phase): "server-1" is the first server in every phase.
-    names = {f"sim-{p}": f"server-{i + 1}" for i, p in enumerate(ports)}
-    for rec in result.records:
-        if rec.backend is not None:
-            rec.backend = names.get(rec.backend, rec.backend)
+        await stack_procs.stop_all(children)
+    names = stack_procs.by_position(ports)
+    stack_procs.name_servers(result.records, names)
     return result, list(names.values())

@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from picker.bench import lab_report, procs
-from picker.bench.load import LoadResult
+from picker.bench.load import LoadResult, RequestRecord
 
-__all__ = ["picker_serve", "sims", "watched"]
+__all__ = ["by_position", "finish", "name_servers", "picker_serve", "sims", "stop_all", "watched"]
 
 
 @contextlib.asynccontextmanager
@@ -80,6 +80,30 @@ async def watched(load: Coroutine[Any, Any, LoadResult], children: list[procs.Ch
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def stop_all(children: Sequence[procs.Child]) -> None:
+    """A phase's end: every child still up, then each stopped, last started first; one that exited with an error
+    fails the phase (``procs.ChildFailed`` naming it)."""
+    for child in children:
+        child.check()
+    codes = [(child.name, await child.stop()) for child in reversed(children)]
+    bad = [f"{name} exited with {code}" for name, code in codes if code != 0]
+    if bad:
+        raise procs.ChildFailed("; ".join(bad))
+
+
+def name_servers(records: Iterable[RequestRecord], names: Mapping[str, str]) -> None:
+    """Rename each record's server (``sim-<port>``) by ``names``: each phase starts its servers on fresh ports, so
+    the report names them by position or role instead."""
+    for rec in records:
+        if rec.backend is not None:
+            rec.backend = names.get(rec.backend, rec.backend)
+
+
+def by_position(ports: Sequence[int]) -> dict[str, str]:
+    """``sim-<port>`` -> ``server-<i>`` in the order the servers were started."""
+    return {f"sim-{p}": f"server-{i + 1}" for i, p in enumerate(ports)}
 
 
 def finish(
