@@ -77,6 +77,7 @@ _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV,
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
 _FIT_ALPHA = 0.02  # the step-time fit: exponentially weighted over about the last 50 completions
 _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's fit
+_SPEED_NOISE = 1.5  # relative speeds within [1/1.5, 1.5] of the pool's median count as the pool's
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +270,19 @@ class ServerModel:
         """The requests ``key`` ran when it was last estimated (0: never)."""
         return self._batch.get(key, 0.0)
 
+    def speeds(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """How much slower than the pool each server is: its step against the fit, over the candidates' median, 1
+        within the band of noise (``_SPEED_NOISE``: a step swings with the prefill mixed into it, and following
+        that swing sends work to whichever server was lightest a moment ago)."""
+        learned = self._speed
+        raw = [learned.get(e.key, 1.0) for e in endpoints]
+        median = statistics.median(raw) if raw else 1.0
+        out = []
+        for r in raw:
+            f = r / median if median > 0.0 else 1.0
+            out.append(1.0 if 1.0 / _SPEED_NOISE <= f <= _SPEED_NOISE else f)
+        return out
+
     def observe_step(self, key: str, batch: float, step_s: float) -> None:
         """Learn from one completed request's TPOT on ``key``, which ran in a batch of about ``batch`` requests."""
         a, c = self._fit.coefficients()
@@ -334,15 +348,15 @@ class ServerModel:
         mean_answer = self.mean_answer(model)
         mean_prompt = self._prompt_tokens
         s_tok = self.s_per_token
+        speeds = self.speeds(endpoints)
         out: list[Estimate] = []
-        for e, u in zip(endpoints, uncached, strict=True):
+        for e, u, speed in zip(endpoints, uncached, speeds, strict=True):
             key = e.key
             leases = ctx.inflight.leases(key)
             load = ctx.server_load(e)
             cap = self.capacity(key)
             batch = load.requests if not cap or load.requests < cap else float(cap)
             self._batch[key] = batch
-            speed = self._speed.get(key, 1.0)
             step = speed * (a + c * (batch + 1.0))
             others_running = max(0.0, load.foreign_running + (load.own_requests - len(leases)))
             ahead_tokens = load.foreign_waiting * mean_prompt

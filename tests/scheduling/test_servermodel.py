@@ -134,3 +134,13 @@ def test_an_adapter_that_cannot_load_waits_for_one_to_drain() -> None:
     room = endpoint(3, loras=("b",), max_loras=2)
     found = model.estimate("a", 4.0, [10.0] * 3, [loaded, taken, room])
     assert found[0].ttft_s == found[2].ttft_s < found[1].ttft_s
+
+
+def test_speeds_are_relative_to_the_pool_and_small_swings_count_as_none() -> None:
+    model = ServerModel(ctx())
+    pool = [endpoint(i) for i in range(1, 5)]
+    for e, speed in zip(pool, (0.6, 0.7, 0.8, 2.0), strict=True):  # the first three: noise; the last: 2.7x slower
+        model._speed[e.key] = speed
+    speeds = model.speeds(pool)
+    assert speeds[:3] == [1.0, 1.0, 1.0]
+    assert speeds[3] == pytest.approx(2.0 / 0.75)
