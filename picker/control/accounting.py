@@ -6,6 +6,7 @@ upstream after any rewrite. Header-only requests have an empty model name.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 from picker import errors
@@ -98,3 +99,13 @@ def expired(count: int) -> None:
 
 def ejected(endpoint_key: str) -> None:
     m.ENDPOINT_EJECTIONS.labels(endpoint_key).inc()
+
+
+def suspect(endpoint_key: str, flag: bool) -> None:
+    """An endpoint became suspected hung (True) or was readmitted or left the pool (False)."""
+    if flag:
+        m.ENDPOINT_SUSPICIONS.inc()
+        m.ENDPOINT_SUSPECT.labels(endpoint_key).set(1)
+        return
+    with contextlib.suppress(KeyError):  # never suspect, or already removed
+        m.ENDPOINT_SUSPECT.remove(endpoint_key)

@@ -342,3 +342,56 @@ async def test_an_endpoint_answering_only_5xx_is_ejected_then_readmitted() -> No
 
 def sample(name: str, labels: dict[str, str]) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def _answered_once(director: Director, clock: FakeClock, seconds: float) -> None:
+    """One watched request answered in ``seconds``: the pool has a reference time."""
+    routed = await director.route(parsed())
+    director.watch(routed)
+    clock.advance(seconds)
+    director.answered(routed, 200)
+    director.complete(routed, status=200)
+
+
+async def test_a_server_that_stops_answering_is_suspect_within_a_second_and_back_at_its_answer() -> None:
+    director, _, _, clock = make()
+    await _answered_once(director, clock, 0.2)
+    hung = await director.route(parsed())
+    assert hung.destination == P2
+    director.watch(hung)
+    clock.advance(0.3)
+    assert director.check_hung() == []
+    clock.advance(0.6)
+    assert [(c.key, c.suspect) for c in director.check_hung()] == [(P2, True)]
+    snap = director.store.current()
+    assert P2 not in {e.key for e in snap.candidates()}
+    assert sample("picker_endpoint_suspect", {"endpoint": P2}) == 1.0
+    assert (await director.route(parsed())).destination != P2  # new requests go elsewhere
+
+    director.answered(hung, 200)  # it answers again
+    assert not director.store.current().get(P2).suspect  # type: ignore[union-attr]
+    assert REGISTRY.get_sample_value("picker_endpoint_suspect", {"endpoint": P2}) is None
+    assert (await director.route(parsed())).destination == P2
+
+
+async def test_requests_not_watched_never_make_a_server_suspect() -> None:
+    director, _, _, clock = make()
+    await _answered_once(director, clock, 0.2)
+    routed = await director.route(parsed())  # its gateway reports no response: not watched
+    for _ in range(100):
+        clock.advance(1.0)
+        assert director.check_hung() == []
+    director.hold(routed)
+    assert not director.store.current().get(P2).suspect  # type: ignore[union-attr]
+
+
+async def test_a_request_given_up_ends_its_wait() -> None:
+    director, _, _, clock = make()
+    await _answered_once(director, clock, 0.2)
+    routed = await director.route(parsed())
+    director.watch(routed)
+    clock.advance(0.1)
+    director.abandon(routed)  # the client went away
+    clock.advance(5.0)
+    assert director.check_hung() == []
+    assert director.hung.pending() == 0
