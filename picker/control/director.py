@@ -189,6 +189,7 @@ class Director:
         self._seq = itertools.count()
         self.outliers = OutlierDetector()
         self.hung = hung.HungDetector()
+        self._members_version = -1  # the snapshot whose members the per-endpoint series were last trimmed to
 
     # -- request path ------------------------------------------------------------------------------------
 
@@ -497,6 +498,15 @@ class Director:
             await asyncio.sleep(interval_s)
             self.expire()
             self.readmit_outliers()
+            self.forget_departed()
+
+    def forget_departed(self) -> int:
+        """Drop the metric series of endpoints that left the pool (once per membership change)."""
+        snap = self.store.current()
+        if snap.version == self._members_version:
+            return 0
+        self._members_version = snap.version
+        return accounting.forget_endpoints({e.key for e in snap}, {e.name for e in snap})
 
     def _outlier(self, key: str, status: int | None, now: float) -> None:
         snap = self.store.current()

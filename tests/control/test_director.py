@@ -395,3 +395,40 @@ async def test_a_request_given_up_ends_its_wait() -> None:
     clock.advance(5.0)
     assert director.check_hung() == []
     assert director.hung.pending() == 0
+
+
+# -- metric series stay bounded: pods come and go, clients name any model --------------------------------------
+
+
+async def test_the_series_of_pods_that_left_the_pool_are_dropped() -> None:
+    director, _, _, _ = make()
+    attempts = "inference_extension_scheduler_attempts_total"
+    for generation in range(50):  # pods replaced one after another, each scheduled to a few times
+        pod = endpoint(2, kv=0.1)
+        pod = dataclasses.replace(pod, name=f"pod-{generation}")
+        director.store.set_endpoints([endpoint(1, waiting=3), pod])
+        for _ in range(3):
+            director.complete(await director.route(parsed()), status=200)
+        director.forget_departed()
+    labels = {"status": "success", "target_model_name": "my-model", "namespace": "", "port": "8000"}
+    assert sample(attempts, {**labels, "pod_name": "pod-49"}) == 3.0
+    assert REGISTRY.get_sample_value(attempts, {**labels, "pod_name": "pod-48"}) is None
+    series = [s for metric in REGISTRY.collect() if metric.name == attempts.removesuffix("_total")
+              for s in metric.samples if s.name == attempts]  # fmt: skip
+    assert len(series) <= 3  # the pods of the pool now (and a failure series), not all fifty
+
+
+async def test_model_names_beyond_the_bound_share_one_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    from picker.control import accounting
+
+    monkeypatch.setattr(accounting, "_models", set())
+    monkeypatch.setattr(accounting, "MAX_MODEL_LABELS", 4)
+    director, *_ = make()
+    for i in range(20):  # a client naming a new model every time
+        body = b'{"model":"m%d","prompt":"hello there","max_tokens":4}' % i
+        director.complete(await director.route(parsed(body=body)), status=200)
+    total = "inference_objective_request_total"
+    assert sample(total, {"model_name": "m3", "target_model_name": "m3", "priority": "0"}) == 1.0
+    other = accounting.OTHER_MODEL
+    assert sample(total, {"model_name": other, "target_model_name": other, "priority": "0"}) == 16.0
+    assert REGISTRY.get_sample_value(total, {"model_name": "m5", "target_model_name": "m5", "priority": "0"}) is None
