@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterable
 from picker import errors
 from picker.request.model import InferenceRequest
 from picker.scheduling.framework import PluginTiming, SchedulingResult
+from picker.telemetry import labels
 from picker.telemetry import metrics as m
 from picker.telemetry.fast import Children
 
@@ -35,20 +36,7 @@ _errors = Children(m.REQUEST_ERRORS)
 _scheduling_errors = Children(m.SCHEDULING_ERRORS)
 _ejections = Children(m.ENDPOINT_EJECTIONS)
 
-# Model names come from clients: each new one would add series to every per-model metric, for good. Past this many
-# distinct names (``model`` and ``target_model`` together), a new one is counted as ``OTHER_MODEL``.
-MAX_MODEL_LABELS = 1000
-OTHER_MODEL = "__other__"
-_models: set[str] = set()
-
-
-def _model(name: str) -> str:
-    if name in _models:
-        return name
-    if len(_models) >= MAX_MODEL_LABELS:
-        return OTHER_MODEL
-    _models.add(name)
-    return name
+_model = labels.MODELS  # client-chosen names: bounded (telemetry/labels.py)
 
 
 def _models_of(req: InferenceRequest) -> tuple[str, str]:

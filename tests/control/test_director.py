@@ -420,15 +420,15 @@ async def test_the_series_of_pods_that_left_the_pool_are_dropped() -> None:
 
 async def test_model_names_beyond_the_bound_share_one_series(monkeypatch: pytest.MonkeyPatch) -> None:
     from picker.control import accounting
+    from picker.telemetry import labels
 
-    monkeypatch.setattr(accounting, "_models", set())
-    monkeypatch.setattr(accounting, "MAX_MODEL_LABELS", 4)
+    monkeypatch.setattr(accounting, "_model", labels.BoundedValues(4))
     director, *_ = make()
     for i in range(20):  # a client naming a new model every time
         body = b'{"model":"m%d","prompt":"hello there","max_tokens":4}' % i
         director.complete(await director.route(parsed(body=body)), status=200)
     total = "inference_objective_request_total"
     assert sample(total, {"model_name": "m3", "target_model_name": "m3", "priority": "0"}) == 1.0
-    other = accounting.OTHER_MODEL
+    other = labels.OTHER
     assert sample(total, {"model_name": other, "target_model_name": other, "priority": "0"}) == 16.0
     assert REGISTRY.get_sample_value(total, {"model_name": "m5", "target_model_name": "m5", "priority": "0"}) is None
