@@ -152,6 +152,7 @@ class Access:
     upstream: str
     code: int
     flags: str
+    details: str = ""  # %RESPONSE_CODE_DETAILS%
 
 
 @dataclass
@@ -179,6 +180,7 @@ class Stack:
                     str(entry.get("upstream") or ""),
                     int(entry.get("code") or 0),
                     str(entry.get("flags") or ""),
+                    str(entry.get("details") or ""),
                 )
             )
         return out
@@ -200,6 +202,7 @@ async def stack(
     endpoints: str | None = None,  # default: every sim, static
     start_sims: bool = True,
     port: int | None = None,  # the pods' shared port (default: a free one)
+    picker_max_requests: int | None = None,  # Envoy's circuit breaker on the picker cluster (default 1024)
 ) -> AsyncIterator[Stack]:
     hosts = POD_HOSTS[:sims]
     port = port or shared_port(hosts)
@@ -229,6 +232,7 @@ async def stack(
             body_mode=body_mode,
             failure_mode_allow=failure_mode_allow,
             access_log_path=str(access_log),
+            picker_max_requests=picker_max_requests,
         )
         try:
             if start_sims:
