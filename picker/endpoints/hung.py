@@ -49,8 +49,8 @@ def nominal_s(prompt_tokens: int, output_tokens: int, *, whole_response: bool) -
 
 @dataclass(frozen=True, slots=True)
 class HungSettings:
-    multiplier: float = 2.5  # overdue after this many times the reference time
-    min_overdue_s: float = 0.5  # never overdue sooner than this
+    multiplier: float = 2.0  # overdue after this many times the reference time
+    min_overdue_s: float = 0.3  # never overdue sooner than this
     cold_overdue_s: float = 10.0  # the deadline while no server of the pool has answered yet
     window: int = 32  # recent answers per server behind its reference
     probe_after_s: float = 5.0  # suspect this long without an answer: readmitted on probation
