@@ -25,7 +25,7 @@ megabyte or two would dominate it); open fds and asyncio tasks end no higher tha
 slack; in-flight leases are back to 0 once the load stops; no request failed. A table is printed; ``--png``
 draws the samples over time.
 
-    picker bench soak --duration 30m --rate 50 --churn-s 1 --fresh-ips --distinct-prompts --replicas 2 \
+    picker bench soak --duration 35m --rate 40 --churn-s 0.5 --fresh-ips --distinct-prompts --replicas 2 \
         --tracing --png soak.png                                                # the documented run
     picker bench soak --duration 2m --rate 20 --churn-s 3                     # the CI-sized run
 """
