@@ -19,7 +19,9 @@ Response path: the headers answer is sent at once; the body is answered chunk by
 STREAMED mode) and buffered to EOS (bounded) otherwise, with the client's model name restored if it was
 rewritten and usage read; completion (EOS or trailers) releases the in-flight lease. A stream that ends first
 releases it too, unless no response phase was ever going to come (the shim; response body mode NONE): then the
-director holds it until its timeout.
+director holds it until its timeout. When the proxy declared a response body mode, the director also awaits the
+request's first answer (hung-server detection, ``endpoints/hung.py``): the headers of a non-streamed response, or
+any response body chunk.
 
 A ``PickerError`` becomes an ImmediateResponse and ends the stream. Out-of-order messages are a 400 before the
 request is routed and a clean close after; anything else raised here is a bug for the servicer to report.
