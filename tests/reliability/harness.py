@@ -397,3 +397,15 @@ def last_to(accesses: Sequence[Access], upstream: str, after: float) -> float | 
 def first_to(accesses: Sequence[Access], upstream: str, after: float) -> float | None:
     times = [a.start for a in accesses if a.upstream == upstream and a.start >= after and a.code == 200]
     return min(times) if times else None
+
+
+def recovered_after(
+    results: Sequence[Result], calm_at: float, base_p50_s: float, *, step_s: float, steps: int
+) -> float | None:
+    """Seconds from ``calm_at`` until a 1-s window of sends (started every ``step_s``) has its successful
+    requests' p50 within 1.5x ``base_p50_s``; None if none of ``steps`` windows does."""
+    for start in (calm_at + step_s * k for k in range(steps)):
+        window = [r.latency_s for r in results if start <= r.sent < start + 1.0 and r.status == 200]
+        if window and statistics.median(window) <= 1.5 * base_p50_s:
+            return start - calm_at
+    return None

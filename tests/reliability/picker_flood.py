@@ -32,7 +32,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.reliability.harness import MODEL, PROMPT, Load, Picker, stack
+from tests.reliability.harness import MODEL, PROMPT, Load, Picker, recovered_after, stack
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 MEMORY_CAP_MB = 2048.0  # deploy/helm's memory limit
@@ -142,12 +142,7 @@ async def flood(front: str, *, fail_open: bool, cores: float, max_requests: int 
     base_p50 = statistics.median(baseline) if baseline else 0.0
     during = [r for r in results if flood_at <= r.sent < calm_at]
     ok_during = sorted(r.latency_s for r in during if r.status == 200)
-    recovered_s = None
-    for start in (calm_at + 0.25 * k for k in range(36)):
-        window = [r.latency_s for r in results if start <= r.sent < start + 1.0 and r.status == 200]
-        if window and statistics.median(window) <= 1.5 * base_p50:
-            recovered_s = start - calm_at
-            break
+    recovered_s = recovered_after(results, calm_at, base_p50, step_s=0.25, steps=36)
     count = sched_after[1] - sched_before[1]
     return Flooded(
         front=front,

@@ -28,6 +28,7 @@ from tests.reliability.harness import (
     Sim,
     Stack,
     last_to,
+    recovered_after,
     shared_port,
     stack,
     summarize,
@@ -459,12 +460,7 @@ async def overload(long: bool) -> Row:
     tags = ("interactive", "batch")
     served = {tag: sum(1 for r in during if r.tag.endswith(tag) and r.status == 200) for tag in tags}
     sent = {tag: sum(1 for r in during if r.tag.endswith(tag)) for tag in tags}
-    recovered_s = None
-    for start in (calm_at + 0.5 * k for k in range(14)):
-        window = [r.latency_s for r in results if start <= r.sent < start + 1.0 and r.status == 200]
-        if window and statistics.median(window) <= 1.5 * base_p50:
-            recovered_s = start - calm_at
-            break
+    recovered_s = recovered_after(results, calm_at, base_p50, step_s=0.5, steps=14)
     share = {t: served[t] / max(1, sent[t]) for t in served}
     rss_growth_mb = (rss_max - rss_base) / 2**20
     lost = sum(1 for r in results if r.status != 200)
