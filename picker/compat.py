@@ -90,7 +90,7 @@ def configure(parser: argparse.ArgumentParser, duration: Callable[[str], float])
     flag_bool(
         "--enable-pprof",
         False,
-        "Python profiles at /debug/pprof/ on the metrics port: stacks, cProfile (reference default: true)",
+        "Python profiles at /debug/pprof/ on the metrics port: stacks, cProfile, heap (reference default: true)",
     )
     flag_bool(
         "--health-checking",

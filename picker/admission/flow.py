@@ -33,6 +33,7 @@ from picker.endpoints.model import Endpoint, EndpointSnapshot
 from picker.request.model import InferenceRequest
 from picker.request.slo import slo_of
 from picker.telemetry import flow as fm
+from picker.telemetry import labels
 
 __all__ = ["REJECTED_PREFIX", "TTL_MESSAGE", "FlowController"]
 
@@ -179,14 +180,25 @@ class FlowController:
 
     def _observe(self, req: InferenceRequest, outcome: str, waited_s: float) -> None:
         fm.QUEUE_DURATION.labels(
-            req.fairness_id, str(req.priority), outcome, self.pool_name, req.model, req.target_model
+            labels.FAIRNESS_IDS(req.fairness_id),
+            str(req.priority),
+            outcome,
+            self.pool_name,
+            labels.MODELS(req.model),
+            labels.MODELS(req.target_model),
         ).observe(waited_s)
 
     def _gauges(self, item: QueuedRequest, sign: int) -> None:
         req = item.req
-        labels = (item.flow, str(item.priority), self.pool_name, req.model, req.target_model)
-        fm.QUEUE_SIZE.labels(*labels).inc(sign)
-        fm.QUEUE_BYTES.labels(*labels).inc(sign * item.size_bytes)
+        values = (
+            labels.FAIRNESS_IDS(item.flow),
+            str(item.priority),
+            self.pool_name,
+            labels.MODELS(req.model),
+            labels.MODELS(req.target_model),
+        )
+        fm.QUEUE_SIZE.labels(*values).inc(sign)
+        fm.QUEUE_BYTES.labels(*values).inc(sign * item.size_bytes)
 
 
 def _slo_deadline(req: InferenceRequest, now: float) -> float:

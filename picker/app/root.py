@@ -275,7 +275,8 @@ async def serving(
             peer_port=peer_node.port if peer_node else None,
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S))
+            ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S)),
+            ("hung-check", director.run_hung_check),
         ]
         if precise is not None:
             subscriber = precise.subscriber

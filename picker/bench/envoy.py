@@ -80,6 +80,7 @@ def render(
     extra_picker_ports: Sequence[int] = (),
     access_log_path: str | None = None,
     pool_lb_policy: str = "ROUND_ROBIN",
+    picker_max_requests: int | None = None,
 ) -> str:
     """The Envoy bootstrap YAML. ``with_picker=False`` gives a plain round-robin gateway (the demo's baseline);
     ``pool_lb_policy`` is the pool cluster's Envoy ``lb_policy`` (``LEAST_REQUEST``: Envoy's own least-request).
@@ -88,7 +89,9 @@ def render(
     refuses connections is ejected at its first failure (outlier detection on local-origin errors) and kept out by
     active gRPC health checks of the ext_proc port (service ``envoy.service.ext_proc.v3.ExternalProcessor``).
     ``access_log_path``: one JSON line per request (start time, upstream cluster and host, status, flags,
-    duration), what the reliability suite reads to see where each request went."""
+    duration), what the reliability suite reads to see where each request went. ``picker_max_requests``: the
+    picker cluster's circuit breaker (concurrent ext_proc streams; Envoy's default 1024): past it a new request's
+    stream fails at once, and FailOpen / FailClose decide."""
     http_filters: list[dict[str, Any]] = [
         {
             "name": "strip-client-destination",
@@ -150,6 +153,8 @@ def render(
             ],
         },
     }
+    if picker_max_requests is not None:
+        picker_cluster["circuit_breakers"] = {"thresholds": [{"max_requests": picker_max_requests}]}
     if extra_picker_ports:
         # Active gRPC health checks on the ext_proc port keep a dead or draining replica out; outlier detection
         # ejects one at its first refused connection, before the next check.

@@ -6,11 +6,13 @@ upstream after any rewrite. Header-only requests have an empty model name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Collection, Iterable
 
 from picker import errors
 from picker.request.model import InferenceRequest
 from picker.scheduling.framework import PluginTiming, SchedulingResult
+from picker.telemetry import labels
 from picker.telemetry import metrics as m
 from picker.telemetry.fast import Children
 
@@ -32,6 +34,13 @@ _running = Children(m.RUNNING_REQUESTS)
 _attempts = Children(m.SCHEDULER_ATTEMPTS)
 _errors = Children(m.REQUEST_ERRORS)
 _scheduling_errors = Children(m.SCHEDULING_ERRORS)
+_ejections = Children(m.ENDPOINT_EJECTIONS)
+
+_model = labels.MODELS  # client-chosen names: bounded (telemetry/labels.py)
+
+
+def _models_of(req: InferenceRequest) -> tuple[str, str]:
+    return _model(req.model), _model(req.target_model)
 
 
 def scheduled(req: InferenceRequest, result: SchedulingResult) -> None:
@@ -39,7 +48,7 @@ def scheduled(req: InferenceRequest, result: SchedulingResult) -> None:
     primary = result.targets[0] if result.targets else None
     if primary is not None:
         _attempts(
-            "success", req.target_model, primary.name, primary.labels.get("namespace", ""), str(primary.port)
+            "success", _model(req.target_model), primary.name, primary.labels.get("namespace", ""), str(primary.port)
         ).inc()
     plugin_timings(result.plugin_timings)
 
@@ -50,22 +59,23 @@ def plugin_timings(timings: Iterable[PluginTiming]) -> None:
 
 
 def scheduling_failed(req: InferenceRequest) -> None:
-    _attempts("failure", req.target_model, "", "", "").inc()
+    _attempts("failure", _model(req.target_model), "", "", "").inc()
 
 
 def routed(req: InferenceRequest) -> None:
-    _request_total(req.model, req.target_model, str(req.priority)).inc()
-    _running(req.model).inc()
+    model, target = _models_of(req)
+    _request_total(model, target, str(req.priority)).inc()
+    _running(model).inc()
     if req.body:
-        m.REQUEST_SIZES.labels(req.model, req.target_model).observe(len(req.body))
+        m.REQUEST_SIZES.labels(model, target).observe(len(req.body))
 
 
 def released(req: InferenceRequest) -> None:
-    _running(req.model).dec()
+    _running(_model(req.model)).dec()
 
 
 def failed(err: errors.PickerError, req: InferenceRequest | None) -> None:
-    model, target = (req.model, req.target_model) if req is not None else ("", "")
+    model, target = _models_of(req) if req is not None else ("", "")
     _errors(model, target, err.code).inc()
     _scheduling_errors(err.code).inc()
 
@@ -79,7 +89,7 @@ def completed(
     completion_tokens: int | None,
     cached_tokens: int | None,
 ) -> None:
-    labels = (req.model, req.target_model)
+    labels = _models_of(req)
     m.REQUEST_DURATION.labels(*labels).observe(duration_s)
     m.RESPONSE_SIZES.labels(*labels).observe(response_bytes)
     if prompt_tokens is not None:
@@ -97,4 +107,21 @@ def expired(count: int) -> None:
 
 
 def ejected(endpoint_key: str) -> None:
-    m.ENDPOINT_EJECTIONS.labels(endpoint_key).inc()
+    _ejections(endpoint_key).inc()
+
+
+def forget_endpoints(keys: Collection[str], names: Collection[str]) -> int:
+    """Drop the per-endpoint series of endpoints no longer in the pool (``keys``; pod ``names``): with pods
+    coming and going they would pile up for good. Returns how many series were dropped."""
+    dropped = _attempts.retain(lambda values: not values[2] or values[2] in names)
+    return dropped + _ejections.retain(lambda values: values[0] in keys)
+
+
+def suspect(endpoint_key: str, flag: bool) -> None:
+    """An endpoint became suspected hung (True) or was readmitted or left the pool (False)."""
+    if flag:
+        m.ENDPOINT_SUSPICIONS.inc()
+        m.ENDPOINT_SUSPECT.labels(endpoint_key).set(1)
+        return
+    with contextlib.suppress(KeyError):  # never suspect, or already removed
+        m.ENDPOINT_SUSPECT.remove(endpoint_key)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from picker import errors
 from picker.control import accounting
+from picker.endpoints import hung
 from picker.endpoints.inflight import InflightTracker, Lease
 from picker.endpoints.model import Endpoint
 from picker.endpoints.outliers import OutlierDetector
@@ -148,6 +149,7 @@ class Routed:
     finished: bool = field(default=False)
     headers: Mapping[str, str] = field(default_factory=dict)  # set on the upstream request by plugins
     prefill_lease: Lease | None = None  # on the prefiller named by x-prefiller-host-port
+    watched: bool = False  # its first answer is awaited by hung-server detection (``Director.watch``)
 
     @property
     def endpoint_key(self) -> str:
@@ -187,6 +189,8 @@ class Director:
         self._held: list[tuple[float, int, Routed]] = []
         self._seq = itertools.count()
         self.outliers = OutlierDetector()
+        self.hung = hung.HungDetector()
+        self._members_version = -1  # the snapshot whose members the per-endpoint series were last trimmed to
 
     # -- request path ------------------------------------------------------------------------------------
 
@@ -315,6 +319,18 @@ class Director:
     def record_error(self, err: errors.PickerError, req: InferenceRequest | None) -> None:
         accounting.failed(err, req)
 
+    def watch(self, routed: Routed) -> None:
+        """The gateway will report this request's response: await its first answer (hung-server detection).
+
+        Only for such gateways: a request whose response picker never sees would look overdue forever.
+        """
+        if routed.finished or routed.watched or routed.lease is None:
+            return
+        req = routed.req
+        nominal = hung.nominal_s(req.prompt_tokens, expected_output_tokens(req), whole_response=not req.stream)
+        self.hung.watch(routed.lease.endpoint_key, routed, self.clock(), nominal)
+        routed.watched = True
+
     # -- response path -----------------------------------------------------------------------------------
 
     def response_headers(self, routed: Routed, served_key: str | None = None) -> Mapping[str, str]:
@@ -326,6 +342,19 @@ class Director:
                 return {}
             endpoint = routed.targets[0]
         return self.scheduler.response_headers(endpoint)
+
+    def answered(self, routed: Routed, status: int | None = None) -> None:
+        """The server answered: a non-streamed response's headers, or any chunk of a response body.
+
+        A 5xx may be the gateway's own (upstream timeout, reset): it ends the wait but is no sign of life.
+        """
+        key = routed.endpoint_key
+        if not key:
+            return
+        alive = status is None or status < 500
+        change = self.hung.answered(key, routed, self.clock(), alive=alive)
+        if change is not None:
+            self._apply_suspect([change])
 
     def first_byte(self, routed: Routed, *, token: bool = True) -> None:
         """The first response body bytes arrived: prefill is done.
@@ -431,12 +460,54 @@ class Director:
     def held(self) -> int:
         return sum(1 for _, _, r in self._held if not r.finished)
 
+    def check_hung(self, now: float | None = None) -> list[hung.Transition]:
+        """Suspect the servers that stopped answering, readmit the long-suspect on probation."""
+        now = self.clock() if now is None else now
+        changes = self.hung.check(now, (e.key for e in self.store.current()))
+        if changes:
+            self._apply_suspect(changes)
+        return changes
+
+    async def run_hung_check(self, *, interval_s: float = 0.05) -> None:
+        """Background task: ``check_hung`` every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.check_hung()
+
+    def _apply_suspect(self, changes: Sequence[hung.Transition]) -> None:
+        for change in changes:
+            if change.suspect:
+                log.warning(
+                    "endpoint %s suspected hung, left out of scheduling: %s",
+                    change.key,
+                    change.detail,
+                    extra={"endpoint": change.key},
+                )
+            else:
+                log.info(
+                    "endpoint %s no longer suspected hung: %s",
+                    change.key,
+                    change.detail,
+                    extra={"endpoint": change.key},
+                )
+            accounting.suspect(change.key, change.suspect)
+        self.store.set_suspect({c.key: c.suspect for c in changes})
+
     async def run_expiry(self, *, interval_s: float = 1.0) -> None:
         """Background task: sweep held leases and end outlier ejections until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
             self.expire()
             self.readmit_outliers()
+            self.forget_departed()
+
+    def forget_departed(self) -> int:
+        """Drop the metric series of endpoints that left the pool (once per membership change)."""
+        snap = self.store.current()
+        if snap.version == self._members_version:
+            return 0
+        self._members_version = snap.version
+        return accounting.forget_endpoints({e.key for e in snap}, {e.name for e in snap})
 
     def _outlier(self, key: str, status: int | None, now: float) -> None:
         snap = self.store.current()
@@ -463,6 +534,8 @@ class Director:
 
     def _finish(self, routed: Routed) -> None:
         routed.finished = True
+        if routed.watched and routed.lease is not None:
+            self.hung.done(routed.lease.endpoint_key, routed)
         if routed.lease is not None:
             self.inflight.release(routed.lease)
         if routed.prefill_lease is not None:

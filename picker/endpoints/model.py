@@ -60,6 +60,8 @@ class Endpoint:
     excluded: bool = field(default=False, compare=False)
     # Set by the director's outlier detection: an endpoint answering only 5xx is out for a while (outliers.py).
     ejected: bool = field(default=False, compare=False)
+    # Set by the director's hung-server detection: requests overdue for their first answer, none since (hung.py).
+    suspect: bool = field(default=False, compare=False)
 
     @classmethod
     def create(
@@ -108,11 +110,11 @@ class EndpointSnapshot:
         return self._by_key.get(key)
 
     def candidates(self) -> tuple[Endpoint, ...]:
-        """Endpoints fit to schedule: neither excluded nor ejected; else the non-excluded ones; else all of them."""
+        """Endpoints fit to schedule: not excluded, ejected or suspect; else the non-excluded ones; else all of them."""
         found = self._candidates
         if found is None:
             fresh = tuple(e for e in self.endpoints if not e.excluded)
-            healthy = tuple(e for e in fresh if not e.ejected)
+            healthy = tuple(e for e in fresh if not e.ejected and not e.suspect)
             found = healthy or fresh or self.endpoints
             object.__setattr__(self, "_candidates", found)
         return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
 
 from picker.endpoints.model import Endpoint, EndpointMetrics, EndpointSnapshot
 
@@ -35,7 +36,9 @@ class EndpointStore:
         for ep in endpoints:
             prev = old.get(ep.key)
             if prev is not None and prev.metrics_url == ep.metrics_url:
-                ep = dataclasses.replace(ep, metrics=prev.metrics, excluded=prev.excluded, ejected=prev.ejected)
+                ep = dataclasses.replace(
+                    ep, metrics=prev.metrics, excluded=prev.excluded, ejected=prev.ejected, suspect=prev.suspect
+                )
             merged.append(ep)
         return self._publish(tuple(merged), synced=synced)
 
@@ -64,12 +67,25 @@ class EndpointStore:
 
     def set_ejected(self, ejected: Mapping[str, bool]) -> EndpointSnapshot:
         """Mark endpoints as ejected by outlier detection (True) or readmitted (False)."""
-        if not any(e.key in ejected and ejected[e.key] != e.ejected for e in self._snapshot.endpoints):
+        return self._set_flag("ejected", ejected)
+
+    def set_suspect(self, suspect: Mapping[str, bool]) -> EndpointSnapshot:
+        """Mark endpoints as suspected hung (True) or readmitted (False) by hung-server detection."""
+        return self._set_flag("suspect", suspect)
+
+    def _set_flag(self, name: Literal["ejected", "suspect"], values: Mapping[str, bool]) -> EndpointSnapshot:
+        eps = self._snapshot.endpoints
+        if not any(e.key in values and values[e.key] != getattr(e, name) for e in eps):
             return self._snapshot
-        eps = tuple(
-            dataclasses.replace(e, ejected=ejected[e.key]) if e.key in ejected else e for e in self._snapshot.endpoints
-        )
-        return self._publish(eps, synced=self._snapshot.synced)
+
+        def flagged(e: Endpoint) -> Endpoint:
+            if e.key not in values:
+                return e
+            if name == "ejected":
+                return dataclasses.replace(e, ejected=values[e.key])
+            return dataclasses.replace(e, suspect=values[e.key])
+
+        return self._publish(tuple(flagged(e) for e in eps), synced=self._snapshot.synced)
 
     def _publish(self, endpoints: tuple[Endpoint, ...], *, synced: bool) -> EndpointSnapshot:
         snap = EndpointSnapshot(endpoints=endpoints, version=self._snapshot.version + 1, synced=synced)

@@ -19,7 +19,9 @@ Response path: the headers answer is sent at once; the body is answered chunk by
 STREAMED mode) and buffered to EOS (bounded) otherwise, with the client's model name restored if it was
 rewritten and usage read; completion (EOS or trailers) releases the in-flight lease. A stream that ends first
 releases it too, unless no response phase was ever going to come (the shim; response body mode NONE): then the
-director holds it until its timeout.
+director holds it until its timeout. When the proxy declared a response body mode, the director also awaits the
+request's first answer (hung-server detection, ``endpoints/hung.py``): the headers of a non-streamed response, or
+any response body chunk.
 
 A ``PickerError`` becomes an ImmediateResponse and ends the stream. Out-of-order messages are a 400 before the
 request is routed and a clean close after; anything else raised here is a bug for the servicer to report.
@@ -303,6 +305,8 @@ class Stream:
     def _routed(self, routed: Routed) -> None:
         self.routed = routed
         self.phase = Phase.ROUTED
+        if self.expect_response:  # the proxy will report the response: a hung server shows as no answer
+            self.env.director.watch(routed)
         if log.isEnabledFor(logging.DEBUG):
             req = routed.req
             log.debug(
@@ -393,9 +397,13 @@ class Stream:
     def _response_headers(self, h: pb.HttpHeaders) -> Sequence[pb.ProcessingResponse]:
         if self.phase is not Phase.ROUTED:
             return self._violation("response headers out of order")
-        self._start_response().headers(h)
+        response = self._start_response()
+        response.headers(h)
         assert self.routed is not None
-        extra = self.env.director.response_headers(self.routed, self._served)
+        director = self.env.director
+        if not response.streaming:  # the whole response is ready: the server answered
+            director.answered(self.routed, response.status)
+        extra = director.response_headers(self.routed, self._served)
         if h.end_of_stream:
             self._complete()
         if extra:
@@ -416,8 +424,11 @@ class Stream:
         assert self.routed is not None
         assert self.response is not None
         chunk = b.body
-        if chunk and self.routed.first_byte_at is None:
-            self.env.director.first_byte(self.routed, token=self.response.streaming)
+        if chunk:
+            director = self.env.director
+            director.answered(self.routed, self.response.status)
+            if self.routed.first_byte_at is None:
+                director.first_byte(self.routed, token=self.response.streaming)
         out = self.response.body(chunk, b.end_of_stream)
         if b.end_of_stream:
             self._complete()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from prometheus_client.core import HistogramMetricFamily
@@ -28,6 +28,8 @@ C = TypeVar("C", covariant=True)
 
 class _Labeled(Protocol[C]):
     def labels(self, *values: str) -> C: ...
+
+    def remove(self, *values: str) -> None: ...
 
 
 class Children(Generic[C]):
@@ -44,6 +46,14 @@ class Children(Generic[C]):
         if child is None:
             child = self._cache[values] = self._metric.labels(*values)
         return child
+
+    def retain(self, keep: Callable[[tuple[str, ...]], bool]) -> int:
+        """Drop the series whose label values ``keep`` refuses (from the metric too). Returns how many."""
+        gone = [values for values in self._cache if not keep(values)]
+        for values in gone:
+            del self._cache[values]
+            self._metric.remove(*values)
+        return len(gone)
 
 
 class Series:

@@ -22,6 +22,8 @@ from picker.telemetry.fast import FastHistogram
 
 __all__ = [
     "ENDPOINT_EJECTIONS",
+    "ENDPOINT_SUSPECT",
+    "ENDPOINT_SUSPICIONS",
     "INFLIGHT_EXPIRED",
     "INFO",
     "INPUT_TOKENS",
@@ -167,6 +169,17 @@ INFLIGHT_EXPIRED = Counter(
 ENDPOINT_EJECTIONS = Counter(
     "picker_endpoint_ejections",
     "Endpoints ejected from scheduling by outlier detection (consecutive 5xx responses), by endpoint.",
+    ("endpoint",),
+    registry=REGISTRY,
+)
+ENDPOINT_SUSPICIONS = Counter(
+    "picker_endpoint_suspicions",
+    "Times an endpoint was suspected hung: a request overdue for its first answer, and no answer since it was sent.",
+    registry=REGISTRY,
+)
+ENDPOINT_SUSPECT = Gauge(
+    "picker_endpoint_suspect",
+    "1 while an endpoint is suspected hung and left out of scheduling (no series otherwise), by endpoint.",
     ("endpoint",),
     registry=REGISTRY,
 )

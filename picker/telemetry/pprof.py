@@ -8,6 +8,11 @@ The reference serves Go's pprof. picker is Python, so the same paths answer with
 * ``/debug/pprof/profile?seconds=N`` (default 10, at most 60) — a cProfile of the event loop's thread for N
   seconds, as ``pstats`` text sorted by cumulative time (``&sort=tottime`` to change it). One at a time: a
   second request while one runs gets 409.
+* ``/debug/pprof/heap?limit=N`` (default 40) — the ``tracemalloc`` allocation sites (source lines) holding the
+  most memory now, as ``<bytes> <blocks> <file>:<line>`` lines after a total; ``&traceback=1`` groups by whole
+  stacks instead, each followed by its frames (as deep as ``PYTHONTRACEMALLOC=<frames>`` records). Tracing
+  starts at the first request (or at start with ``PYTHONTRACEMALLOC=1``); it costs memory and CPU from then on.
+  The sites are counted on a thread, so the event loop keeps serving (slower) meanwhile.
 
 All from the standard library: nothing extra runs until a profile is asked for.
 """
@@ -21,6 +26,7 @@ import pstats
 import sys
 import threading
 import traceback
+import tracemalloc
 
 from aiohttp import web
 
@@ -33,6 +39,7 @@ _INDEX = """picker /debug/pprof/ (Python profiles, text)
 
 goroutine             stacks of every asyncio task and thread
 profile?seconds=N     cProfile of the event loop thread for N seconds (default 10, max 60), pstats text
+heap?limit=N          tracemalloc's top allocation sites by size (tracing starts at the first request)
 """
 
 
@@ -68,9 +75,39 @@ def add_routes(app: web.Application) -> None:
         pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(80)
         return web.Response(text=out.getvalue())
 
+    async def heap(request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "40"))
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit must be an integer\n") from None
+        if not 0 < limit <= 10_000:
+            raise web.HTTPBadRequest(text="limit must be in [1, 10000]\n")
+        if not tracemalloc.is_tracing():
+            tracemalloc.start()
+            return web.Response(text="tracemalloc started: ask again for the allocation sites\n")
+        # In a thread: grouping the traces is Python work of seconds, and the loop keeps serving meanwhile.
+        stacks = request.query.get("traceback", "") in ("1", "true")
+        return web.Response(text=await asyncio.to_thread(heap_sites, limit, stacks=stacks))
+
     app.router.add_get("/debug/pprof/", index)
+    app.router.add_get("/debug/pprof/heap", heap)
     app.router.add_get("/debug/pprof/goroutine", goroutine)
     app.router.add_get("/debug/pprof/profile", profile)
+
+
+def heap_sites(limit: int, *, stacks: bool = False) -> str:
+    """The traced total, then the ``limit`` source lines (``stacks``: whole stacks) holding the most memory."""
+    snapshot = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
+    stats = snapshot.statistics("traceback" if stacks else "lineno")
+    current, peak = tracemalloc.get_traced_memory()
+    out = io.StringIO()
+    out.write(f"traced: {current} bytes now, {peak} bytes at peak, {len(stats)} sites\n")
+    for stat in stats[:limit]:
+        frame = stat.traceback[0]
+        out.write(f"{stat.size} {stat.count} {frame.filename}:{frame.lineno}\n")
+        if stacks:
+            out.writelines(f"    {f.filename}:{f.lineno}\n" for f in stat.traceback)
+    return out.getvalue()
 
 
 def stacks() -> str:

@@ -41,3 +41,24 @@ def test_plot_draws_every_panel(tmp_path: object) -> None:
     path = Path(str(tmp_path)) / "soak.png"
     plot(SoakReport(SoakSpec(duration_s=50.0), samples=samples), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_rss_slope_is_judged_only_over_a_long_enough_window() -> None:
+    from picker.bench.soak import MAX_RSS_SLOPE_MB_H, Sample, SoakReport
+
+    def run(minutes: float, mb_per_hour: float) -> SoakReport:
+        samples = [
+            Sample(t, 100.0 + mb_per_hour * t / 3600, 20, 10, 0, 0, 0.1, 10, 0, 3)
+            for t in range(0, int(minutes * 60) + 1, 30)
+        ]
+        report = SoakReport(SoakSpec(duration_s=minutes * 60), samples=samples, requests=30)
+        report.final_leases = 0
+        return report
+
+    slope, window_s = run(30, 12.0).rss_slope_mb_h() or (0.0, 0.0)
+    assert slope == pytest.approx(12.0)
+    assert window_s == pytest.approx(24 * 60)
+    failed = {name for name, _, ok in run(30, 2 * MAX_RSS_SLOPE_MB_H).checks() if not ok}
+    assert failed == {f"RSS slope after warm-up (goal < {MAX_RSS_SLOPE_MB_H:g} MB/hour)"}
+    assert run(30, MAX_RSS_SLOPE_MB_H / 2).ok()
+    assert run(2, 100.0).ok()  # two minutes: reported, not judged (the 10 % growth check still is)

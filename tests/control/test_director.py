@@ -342,3 +342,93 @@ async def test_an_endpoint_answering_only_5xx_is_ejected_then_readmitted() -> No
 
 def sample(name: str, labels: dict[str, str]) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def _answered_once(director: Director, clock: FakeClock, seconds: float) -> None:
+    """One watched request answered in ``seconds``: the pool has a reference time."""
+    routed = await director.route(parsed())
+    director.watch(routed)
+    clock.advance(seconds)
+    director.answered(routed, 200)
+    director.complete(routed, status=200)
+
+
+async def test_a_server_that_stops_answering_is_suspect_within_a_second_and_back_at_its_answer() -> None:
+    director, _, _, clock = make()
+    await _answered_once(director, clock, 0.2)
+    hung = await director.route(parsed())
+    assert hung.destination == P2
+    director.watch(hung)
+    clock.advance(0.3)
+    assert director.check_hung() == []
+    clock.advance(0.6)
+    assert [(c.key, c.suspect) for c in director.check_hung()] == [(P2, True)]
+    snap = director.store.current()
+    assert P2 not in {e.key for e in snap.candidates()}
+    assert sample("picker_endpoint_suspect", {"endpoint": P2}) == 1.0
+    assert (await director.route(parsed())).destination != P2  # new requests go elsewhere
+
+    director.answered(hung, 200)  # it answers again
+    assert not director.store.current().get(P2).suspect  # type: ignore[union-attr]
+    assert REGISTRY.get_sample_value("picker_endpoint_suspect", {"endpoint": P2}) is None
+    assert (await director.route(parsed())).destination == P2
+
+
+async def test_requests_not_watched_never_make_a_server_suspect() -> None:
+    director, _, _, clock = make()
+    await _answered_once(director, clock, 0.2)
+    routed = await director.route(parsed())  # its gateway reports no response: not watched
+    for _ in range(100):
+        clock.advance(1.0)
+        assert director.check_hung() == []
+    director.hold(routed)
+    assert not director.store.current().get(P2).suspect  # type: ignore[union-attr]
+
+
+async def test_a_request_given_up_ends_its_wait() -> None:
+    director, _, _, clock = make()
+    await _answered_once(director, clock, 0.2)
+    routed = await director.route(parsed())
+    director.watch(routed)
+    clock.advance(0.1)
+    director.abandon(routed)  # the client went away
+    clock.advance(5.0)
+    assert director.check_hung() == []
+    assert director.hung.pending() == 0
+
+
+# -- metric series stay bounded: pods come and go, clients name any model --------------------------------------
+
+
+async def test_the_series_of_pods_that_left_the_pool_are_dropped() -> None:
+    director, _, _, _ = make()
+    attempts = "inference_extension_scheduler_attempts_total"
+    for generation in range(50):  # pods replaced one after another, each scheduled to a few times
+        pod = endpoint(2, kv=0.1)
+        pod = dataclasses.replace(pod, name=f"pod-{generation}")
+        director.store.set_endpoints([endpoint(1, waiting=3), pod])
+        for _ in range(3):
+            director.complete(await director.route(parsed()), status=200)
+        director.forget_departed()
+    labels = {"status": "success", "target_model_name": "my-model", "namespace": "", "port": "8000"}
+    assert sample(attempts, {**labels, "pod_name": "pod-49"}) == 3.0
+    assert REGISTRY.get_sample_value(attempts, {**labels, "pod_name": "pod-48"}) is None
+    pods = [s.labels["pod_name"] for metric in REGISTRY.collect() if metric.name == attempts.removesuffix("_total")
+            for s in metric.samples if s.name == attempts and s.labels["pod_name"].startswith("pod-")]  # fmt: skip
+    assert pods == ["pod-49"]  # the pod of the pool now, not all fifty
+
+
+async def test_model_names_beyond_the_bound_share_one_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    from picker.control import accounting
+    from picker.telemetry import labels
+
+    monkeypatch.setattr(accounting, "_model", labels.BoundedValues(4))
+    director, *_ = make()
+    for i in range(20):  # a client naming a new model every time
+        body = b'{"model":"m%d","prompt":"hello there","max_tokens":4}' % i
+        director.complete(await director.route(parsed(body=body)), status=200)
+    total = "inference_objective_request_total"
+    assert sample(total, {"model_name": "m3", "target_model_name": "m3", "priority": "0"}) == 1.0
+    other = labels.OTHER
+    assert sample(total, {"model_name": other, "target_model_name": other, "priority": "0"}) == 16.0
+    assert REGISTRY.get_sample_value(total, {"model_name": "m5", "target_model_name": "m5", "priority": "0"}) is None

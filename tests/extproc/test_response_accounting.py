@@ -3,6 +3,8 @@ split across chunks, release at completion, at stream end, and by timeout when n
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from picker.control.director import DEFAULT_TPOT_S, HOLD_OVERHEAD_S
@@ -100,3 +102,56 @@ async def test_no_response_phases_hold_the_lease_for_its_expected_duration() -> 
     assert e.director.expire(e.clock() + HOLD_S - 0.1) == 0
     assert e.director.expire(e.clock() + HOLD_S) == 1
     assert e.inflight.requests(P2) == 0
+
+
+# -- hung-server detection: only requests whose response the gateway will report are waited for ---------------
+
+
+async def _warm_reference(e: Env) -> None:
+    """One request answered in 0.2 s, so the pool has a reference time."""
+    stream = await _routed(e)
+    e.clock.advance(0.2)
+    await stream.on_message(response_headers("application/json"))
+    await stream.on_message(response_body(b"{}", eos=True))
+
+
+@pytest.mark.parametrize(
+    "first_message",
+    [
+        pytest.param(lambda: headers_msg(HEADERS, config=config(response_mode=MODE.NONE)), id="response-mode-none"),
+        pytest.param(lambda: headers_msg(HEADERS), id="no-protocol-config"),
+        pytest.param(lambda: headers_msg(HEADERS, value_strings=True), id="nginx-shim"),
+    ],
+)
+async def test_gateways_without_response_phases_never_make_a_server_suspect(first_message: Any) -> None:
+    e = make_env(inflight_timeout_s=300.0)
+    await _warm_reference(e)
+    for _ in range(20):  # requests whose answers picker never sees
+        stream = e.stream()
+        await feed(stream, [first_message(), body_msg(BODY)])
+        stream.close()
+    for _ in range(60):
+        e.clock.advance(1.0)
+        assert e.director.check_hung() == []
+    assert all(not ep.suspect for ep in e.director.store.current())
+
+
+async def test_a_server_without_answer_is_suspect_and_its_non_streamed_response_brings_it_back() -> None:
+    e = make_env()
+    await _warm_reference(e)
+    stream = await _routed(e)
+    e.clock.advance(1.0)
+    assert [(c.key, c.suspect) for c in e.director.check_hung()] == [(P2, True)]
+    await stream.on_message(response_headers("application/json"))  # the whole response is ready
+    assert not e.director.store.current().get(P2).suspect  # type: ignore[union-attr]
+
+
+async def test_a_streamed_response_answers_at_its_first_token_not_its_headers() -> None:
+    e = make_env()
+    await _warm_reference(e)
+    stream = await _routed(e)
+    await stream.on_message(response_headers("text/event-stream"))  # the API server answers, the engine not yet
+    e.clock.advance(1.0)
+    assert [(c.key, c.suspect) for c in e.director.check_hung()] == [(P2, True)]
+    await stream.on_message(response_body(EVENTS[0]))
+    assert not e.director.store.current().get(P2).suspect  # type: ignore[union-attr]

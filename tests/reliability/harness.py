@@ -152,6 +152,7 @@ class Access:
     upstream: str
     code: int
     flags: str
+    details: str = ""  # %RESPONSE_CODE_DETAILS%
 
 
 @dataclass
@@ -179,6 +180,7 @@ class Stack:
                     str(entry.get("upstream") or ""),
                     int(entry.get("code") or 0),
                     str(entry.get("flags") or ""),
+                    str(entry.get("details") or ""),
                 )
             )
         return out
@@ -200,6 +202,7 @@ async def stack(
     endpoints: str | None = None,  # default: every sim, static
     start_sims: bool = True,
     port: int | None = None,  # the pods' shared port (default: a free one)
+    picker_max_requests: int | None = None,  # Envoy's circuit breaker on the picker cluster (default 1024)
 ) -> AsyncIterator[Stack]:
     hosts = POD_HOSTS[:sims]
     port = port or shared_port(hosts)
@@ -229,6 +232,7 @@ async def stack(
             body_mode=body_mode,
             failure_mode_allow=failure_mode_allow,
             access_log_path=str(access_log),
+            picker_max_requests=picker_max_requests,
         )
         try:
             if start_sims:
@@ -393,3 +397,15 @@ def last_to(accesses: Sequence[Access], upstream: str, after: float) -> float | 
 def first_to(accesses: Sequence[Access], upstream: str, after: float) -> float | None:
     times = [a.start for a in accesses if a.upstream == upstream and a.start >= after and a.code == 200]
     return min(times) if times else None
+
+
+def recovered_after(
+    results: Sequence[Result], calm_at: float, base_p50_s: float, *, step_s: float, steps: int
+) -> float | None:
+    """Seconds from ``calm_at`` until a 1-s window of sends (started every ``step_s``) has its successful
+    requests' p50 within 1.5x ``base_p50_s``; None if none of ``steps`` windows does."""
+    for start in (calm_at + step_s * k for k in range(steps)):
+        window = [r.latency_s for r in results if start <= r.sent < start + 1.0 and r.status == 200]
+        if window and statistics.median(window) <= 1.5 * base_p50_s:
+            return start - calm_at
+    return None

@@ -1,0 +1,193 @@
+"""Hung-server detection: overdue first answers with no answer since make a server suspect; any answer clears it."""
+
+from __future__ import annotations
+
+import pytest
+
+from picker.endpoints.hung import HungDetector, HungSettings, nominal_s
+
+A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+POOL = (A, B, C)
+SHORT = nominal_s(20, 8, whole_response=True)  # a short non-streamed request: ~0.21 s nominal
+
+
+class Requests:
+    """Distinct request handles, as the director's ``Routed`` objects are."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def warmed(seconds: float = 0.2) -> tuple[HungDetector, Requests, float]:
+    """Every server of the pool answered a few short requests in ``seconds`` each; the time after that."""
+    det, req, now = HungDetector(), Requests(), 0.0
+    for key in POOL:
+        for _ in range(4):
+            r = req()
+            det.watch(key, r, now, SHORT)
+            assert det.answered(key, r, now + seconds) is None
+    now += seconds
+    det.check(now, POOL)
+    return det, req, now
+
+
+def suspect_after(det: HungDetector, start: float, step: float = 0.01, until: float = 30.0) -> float | None:
+    """Seconds from ``start`` until the first check that suspects anything (None: nothing until ``until``)."""
+    t = start
+    while t - start < until:
+        t += step
+        if any(c.suspect for c in det.check(t, POOL)):
+            return t - start
+    return None
+
+
+def test_a_silent_server_is_suspect_after_a_few_times_its_usual_answer_time() -> None:
+    det, req, now = warmed(0.4)
+    det.watch(A, req(), now, SHORT)
+    after = suspect_after(det, now)
+    # the usual 0.4 s, x2.5
+    assert after == pytest.approx(0.4 * HungSettings().multiplier, abs=0.02)
+    assert det.suspect() == {A}
+
+
+def test_the_floor_holds_for_a_very_fast_pool() -> None:
+    det, req, now = warmed(0.01)
+    det.watch(A, req(), now, SHORT)
+    assert suspect_after(det, now) == pytest.approx(HungSettings().min_overdue_s, abs=0.02)
+
+
+def test_a_fresh_pool_waits_the_cold_deadline() -> None:
+    det, req = HungDetector(), Requests()
+    det.watch(A, req(), 0.0, SHORT)
+    assert suspect_after(det, 0.0) == pytest.approx(HungSettings().cold_overdue_s, abs=0.02)
+
+
+def test_a_server_without_answers_of_its_own_is_held_to_the_pool_reference() -> None:
+    det, req, now = warmed(0.4)
+    new = "10.0.0.9:8000"
+    det.watch(new, req(), now, SHORT)
+    t, found = now, False
+    while t < now + 2.0 and not found:
+        t += 0.01
+        found = any(c.suspect for c in det.check(t, (*POOL, new)))
+    assert found
+    assert t - now == pytest.approx(0.4 * HungSettings().multiplier, abs=0.02)
+
+
+def test_a_long_prompt_gets_a_deadline_to_its_size() -> None:
+    det, req, now = warmed(0.2)
+    long_prompt = nominal_s(32_000, 8, whole_response=True)
+    det.watch(A, req(), now, long_prompt)
+    after = suspect_after(det, now)
+    assert after is not None
+    assert after > 5.0  # 32 000 tokens at the pool's pace, x2.5 (a short one: 0.5 s)
+
+
+def test_a_busy_server_that_keeps_answering_others_is_never_suspect() -> None:
+    det, req, now = warmed(0.2)
+    stuck = req()
+    det.watch(A, stuck, now, SHORT)  # waits in a long queue
+    for i in range(100):  # the server answers other requests all along, every 0.1 s
+        t = now + 0.1 * (i + 1)
+        r = req()
+        det.watch(A, r, t - 0.05, SHORT)
+        det.answered(A, r, t)
+        assert not det.check(t, POOL)
+    assert det.suspect() == frozenset()
+
+
+def test_a_streamed_chunk_is_a_sign_of_life() -> None:
+    det, req, now = warmed(0.2)
+    det.watch(A, req(), now, SHORT)
+    for i in range(50):
+        t = now + 0.1 * (i + 1)
+        det.alive(A, t)  # another request's tokens keep coming
+        assert not det.check(t, POOL)
+
+
+def test_a_suspect_server_comes_back_at_its_next_answer() -> None:
+    det, req, now = warmed(0.2)
+    r = req()
+    det.watch(A, r, now, SHORT)
+    assert suspect_after(det, now) is not None
+    change = det.answered(A, r, now + 1.5)
+    assert change is not None
+    assert not change.suspect
+    assert det.suspect() == frozenset()
+
+
+def test_a_gateway_error_ends_the_wait_but_is_no_sign_of_life() -> None:
+    det, req, now = warmed(0.2)
+    r1, r2 = req(), req()
+    det.watch(A, r1, now, SHORT)
+    det.watch(A, r2, now, SHORT)
+    assert suspect_after(det, now) is not None
+    assert det.answered(A, r1, now + 1.0, alive=False) is None
+    assert det.suspect() == {A}
+
+
+def test_a_request_given_up_is_no_longer_waited_for() -> None:
+    det, req, now = warmed(0.2)
+    r = req()
+    det.watch(A, r, now, SHORT)
+    det.done(A, r)  # the client went away before the deadline
+    assert suspect_after(det, now, until=5.0) is None
+    assert det.pending() == 0
+
+
+def test_a_silent_server_is_readmitted_on_probation_with_a_growing_hold() -> None:
+    settings = HungSettings(probe_after_s=2.0)
+    det, req = HungDetector(settings), Requests()
+    for key in POOL:
+        r = req()
+        det.watch(key, r, 0.0, SHORT)
+        det.answered(key, r, 0.2)
+    r = req()
+    det.watch(A, r, 1.0, SHORT)
+    began = suspect_after(det, 1.0)
+    assert began is not None
+    t = 1.0 + began
+    assert not det.check(t + 1.9, POOL)  # still overdue: no probation while its requests wait
+    det.done(A, r)  # the client gave up
+    changes = det.check(t + 2.01, POOL)
+    assert [(c.key, c.suspect) for c in changes] == [(A, False)]
+    # The probe: the next request it gets goes unanswered too. Suspect again, held twice as long.
+    det.watch(A, req(), t + 2.0, SHORT)
+    again = suspect_after(det, t + 2.0)
+    assert again is not None
+    t2 = t + 2.0 + again
+    det.done(A, r + 1)
+    assert not det.check(t2 + 3.9, POOL)
+    assert [c.suspect for c in det.check(t2 + 4.01, POOL)] == [False]
+
+
+def test_at_most_half_the_pool_is_suspect() -> None:
+    det, req, now = warmed(0.2)
+    for key in POOL:
+        det.watch(key, req(), now, SHORT)
+    assert suspect_after(det, now) is not None
+    det.check(now + 5.0, POOL)
+    assert len(det.suspect()) == 1  # int(3 * 0.5)
+
+
+def test_a_late_answer_raises_the_reference_only_boundedly() -> None:
+    det, req, now = warmed(0.2)
+    before = det.deadline_s(A, SHORT)
+    r = req()
+    det.watch(A, r, now, SHORT)
+    det.answered(A, r, now + 60.0)  # answered a minute late, after a pause
+    assert det.deadline_s(A, SHORT) <= HungSettings().multiplier * before + 1e-9
+
+
+def test_a_server_that_left_the_pool_is_forgotten() -> None:
+    det, req, now = warmed(0.2)
+    det.watch(A, req(), now, SHORT)
+    assert suspect_after(det, now) is not None
+    changes = det.check(now + 2.0, (B, C))
+    assert [(c.key, c.suspect) for c in changes] == [(A, False)]
+    assert det.suspect() == frozenset()
+    assert det.pending() == 0
