@@ -185,10 +185,9 @@ class ControlPlane:
         *args: str,
         stdin: str | None = None,
         check: bool = True,
-        kubeconfig: Path | None = None,
         timeout_s: float = 60,
     ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, KUBECONFIG=str(kubeconfig or self.kubeconfig))
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         proc = subprocess.run(
             [str(tool("kubectl")), *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout_s
         )
@@ -378,9 +377,19 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", *args)
         crds = [f"crd/{n}" for n in (names if names is not None else files)]
         self.kubectl("wait", "--for=condition=Established", *crds, "--timeout=30s", timeout_s=40)
+        self.wait_crds_served()
 
     def uninstall_crd(self, name: str) -> None:
         self.kubectl("delete", f"crd/{name}", "--wait=true", "--timeout=30s", timeout_s=40)
+        self.wait_crds_served()
+
+    def wait_crds_served(self) -> None:
+        """Until every installed CRD's objects can be listed: right after a CRD change the API server answers 429
+        "storage is (re)initializing" for a moment, which a test would see as picker's transient warnings."""
+        installed = [n for n in crd_files() if self.kubectl("get", f"crd/{n}", check=False).returncode == 0]
+        self._wait(
+            "CRD storage", lambda: all(self.kubectl("get", n, "-A", check=False).returncode == 0 for n in installed)
+        )
 
     def shutdown(self) -> None:
         for name in reversed(list(self.procs)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -85,8 +86,23 @@ class Picker:
     def log(self) -> str:
         return self.child.output(10_000_000)
 
-    def log_lines(self, needle: str) -> list[str]:
-        return [line for line in self.log().splitlines() if needle in line]
+    def records(self) -> list[dict[str, Any]]:
+        """Its log records (picker logs one JSON object a line when not on a terminal)."""
+        out = []
+        for line in self.log().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out.append(record)
+        return out
+
+    def log_lines(self, needle: str) -> list[dict[str, Any]]:
+        """The records whose message contains ``needle``."""
+        return [r for r in self.records() if needle in str(r.get("msg", ""))]
+
+    def complaints(self) -> list[dict[str, Any]]:
+        """Records at warning level or above."""
+        return [r for r in self.records() if r.get("level") in ("warning", "error", "critical")]
 
     async def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         return await metrics(f"http://{self.host}:{self.metrics_port}/metrics")
