@@ -33,8 +33,8 @@ from picker.discovery import kubeobjects
 from picker.discovery.informer import Informer, InformerTiming
 from picker.discovery.kubeapi import ApiClientFactory, KubeApi, Resource, connect
 from picker.discovery.kubeobjects import PoolSpec
-from picker.discovery.rbac import POLICY_GROUPS
 from picker.discovery.kubesettings import KubeSettings, configure, settings_from_args
+from picker.discovery.rbac import POLICY_GROUPS
 from picker.endpoints.model import Endpoint
 from picker.endpoints.policy import PolicyStore, PoolPolicy
 from picker.endpoints.store import EndpointStore

@@ -60,7 +60,7 @@ def pool_rule(pool_group: str = INFERENCE_GROUP) -> PolicyRule:
 REQUIRED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule("", "pods", _READ),
     pool_rule(INFERENCE_GROUP),
-    *(PolicyRule(g, plural, _READ) for g in POLICY_GROUPS for plural in ("inferenceobjectives", "inferencemodelrewrites")),
+    *(PolicyRule(g, p, _READ) for g in POLICY_GROUPS for p in ("inferenceobjectives", "inferencemodelrewrites")),
 )
 
 # Added with --ha-enable-leader-election: the Lease it holds and the events the election records. picker itself

@@ -126,13 +126,16 @@ async def pool_with_picker(
             key = {f"p{i + 1}": f"{ip}:{port}" for i, ip in enumerate(HOSTS)}
             await eventually(lambda: endpoints_are(p, {key["p1"], key["p2"]}), what="two endpoints")
             yield p, key
+            # Through every fault the pool stayed known (never "gone", which would empty the endpoints).
+            assert not p.log_lines("is gone; no endpoints"), p.log()
+            assert not p.log_lines("InferencePool CRD"), p.log()
 
 
 async def test_watch_cut_by_apiserver_restart(control_plane: ControlPlane, tmp_path: Path) -> None:
     cp = control_plane
     with namespace(cp, "fault-cut") as ns:
         async with pool_with_picker(cp, ns, tmp_path, cp.server) as (p, key):
-            await asyncio.to_thread(restart_apiserver, cp)
+            restart_apiserver(cp)  # not in a thread: the new process's parent-death signal follows its parent thread
             deleted_at = time.monotonic()
             cp.kubectl("delete", "pod", "p2", "-n", ns, "--wait=false")
             await eventually(lambda: endpoints_are(p, {key["p1"]}), what="p2 gone", timeout_s=BACKOFF_MAX_S + 3)
@@ -147,7 +150,7 @@ async def test_gone_after_etcd_compaction(control_plane: ControlPlane, tmp_path:
             await r.cut()
             cp.kubectl("delete", "pod", "p2", "-n", ns, "--wait=false")
             cp.fake_pod(ns, "p3", LABELS, HOSTS[2])
-            await asyncio.to_thread(restart_apiserver, cp, compact=True)
+            restart_apiserver(cp, compact=True)
             back_at = time.monotonic()
             await r.start()
             await eventually(
