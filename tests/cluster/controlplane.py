@@ -297,7 +297,8 @@ class ControlPlane:
             pki = self.root / "pki"
             common += [f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}"]
             # The kwok node misses heartbeats while a fault test restarts kube-apiserver; the node-lifecycle
-            # controller would then mark every pod on it NotReady, a fault of the fake node, not of picker.
+            # controller would then mark every pod on it NotReady, a fault of the fake node, not of picker. (It also
+            # lifts a new node's not-ready taint: start() does that instead.)
             common += ["--controllers=*,-node-lifecycle-controller"]
         return [str(tool(name)), *common]
 
@@ -371,6 +372,8 @@ class ControlPlane:
         )
         self.install_crds()
         self.kubectl("wait", "--for=condition=Ready", f"node/{NODE}", "--timeout=60s", timeout_s=70)
+        # The node-lifecycle controller is off (below): lift the not-ready taint a new Node is admitted with.
+        self.kubectl("taint", "node", NODE, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
         self._wait("default ServiceAccount", lambda: self.kubectl("get", "sa", "default", check=False).returncode == 0)
 
     def install_crds(self, names: Sequence[str] | None = None) -> None:
