@@ -5,7 +5,7 @@
 #   kwok (fake nodes: pods go Running without a kubelet)               v0.7.0
 # The binaries are cached by version outside the checkout, in ${XDG_CACHE_HOME:-~/.cache}/picker-tools/NAME-VERSION/,
 # and linked into .tools/bin, so another clone on the same machine (CI) reuses them: a warm run takes well under a
-# second, a cold build about 20 minutes on 2 cores (niced). `PICKER_KUBE_CACHE` overrides the cache folder.
+# second, a cold build about 22 minutes on 2 busy cores (niced). `PICKER_KUBE_CACHE` overrides the cache folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,15 +26,17 @@ flock 9
 # Each part is built into NAME-VERSION.tmp and renamed when complete, so a cache folder is either whole or absent.
 built() { [ -f "$CACHE/$1/.complete" ]; }
 finish() { touch "$CACHE/$1.tmp/.complete"; rm -rf "${CACHE:?}/$1"; mv "$CACHE/$1.tmp" "$CACHE/$1"; }
-need_go() { command -v go >/dev/null || { echo "install-kube: go is needed to build $1" >&2; exit 1; }; }
+# begin PART WHAT: false when PART is cached already; else an empty $CACHE/PART.tmp with src/ and bin/.
+begin() {
+  built "$1" && return 1
+  command -v go >/dev/null || { echo "install-kube: go is needed to build $2" >&2; exit 1; }
+  echo "install-kube: building $2"
+  rm -rf "$CACHE/$1.tmp"; mkdir -p "$CACHE/$1.tmp/src" "$CACHE/$1.tmp/bin"
+}
 
 build_kube() {
-  local part=kube-$KUBE_VERSION out mod staging
-  built "$part" && return 0
-  need_go "$part"
-  echo "install-kube: building Kubernetes $KUBE_VERSION (cold: ~15 min on 2 cores)"
-  out=$CACHE/$part.tmp
-  rm -rf "$out"; mkdir -p "$out/src" "$out/bin"
+  local part=kube-$KUBE_VERSION out=$CACHE/kube-$KUBE_VERSION.tmp mod staging
+  begin "$part" "Kubernetes $KUBE_VERSION (cold: ~15-20 min on 2 cores)" || return 0
   # k8s.io/kubernetes replaces its staging modules (k8s.io/api, k8s.io/client-go, ...) with ./staging/src/...,
   # which its published module does not hold: a wrapper module replaces each by its published v0.x version.
   (cd "$out/src" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null)
@@ -77,12 +79,8 @@ EOF
 }
 
 build_etcd() {
-  local part=etcd-$ETCD_VERSION out
-  built "$part" && return 0
-  need_go "$part"
-  echo "install-kube: building etcd $ETCD_VERSION"
-  out=$CACHE/$part.tmp
-  rm -rf "$out"; mkdir -p "$out/src" "$out/bin"
+  local part=etcd-$ETCD_VERSION out=$CACHE/etcd-$ETCD_VERSION.tmp
+  begin "$part" "etcd $ETCD_VERSION" || return 0
   printf 'module picker.local/etcd-tools\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" \
     >"$out/src/go.mod"
   printf '//go:build tools\n\n// Package tools pins the etcd server.\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' \
@@ -93,12 +91,8 @@ build_etcd() {
 }
 
 build_kwok() {
-  local part=kwok-$KWOK_VERSION out
-  built "$part" && return 0
-  need_go "$part"
-  echo "install-kube: building kwok $KWOK_VERSION"
-  out=$CACHE/$part.tmp
-  rm -rf "$out"; mkdir -p "$out/bin"
+  local part=kwok-$KWOK_VERSION out=$CACHE/kwok-$KWOK_VERSION.tmp
+  begin "$part" "kwok $KWOK_VERSION" || return 0
   GOBIN=$out/bin nice -n 10 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   finish "$part"
 }
