@@ -91,7 +91,7 @@ print(pathlib.Path(importlib.util.find_spec("kubernetes_validate").origin).paren
 "$VENV/bin/python" tests/deploy/kube_schemas.py --source "$SCHEMA_SOURCE" --out "$TOOLS/kube-schemas" >/dev/null
 
 # The real control plane of the `kube` tests (tests/cluster): built once per machine, cached by version outside
-# the checkout (scripts/install-kube.sh; cold about 20 min on 2 cores, then under a second).
+# the checkout (scripts/install-kube.sh; cold about 22 min on 2 busy cores, then under a second).
 bash scripts/install-kube.sh
 
 echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-epp-shim (tools/ngf-shim), extproc-load (tools/extproc-load)"

@@ -398,8 +398,17 @@ class ControlPlane:
         )
 
     def shutdown(self) -> None:
-        for name in reversed(list(self.procs)):
-            self.stop(name)
+        """SIGTERM to every process at once; whatever still runs 5 s later is killed."""
+        for proc in self.procs.values():
+            if proc.running() and proc.proc is not None:
+                proc.proc.terminate()
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            if proc.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for name in list(self.procs):
+            self.procs.pop(name).stop(signal.SIGKILL)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail()}" for p in self.procs.values())

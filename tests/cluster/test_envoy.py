@@ -119,6 +119,7 @@ async def test_scale_up_and_down_under_load(control_plane: ControlPlane, tmp_pat
                         with contextlib.suppress(Exception):
                             await asyncio.wait_for(runner, 30)
                     failed = [r for r in load.results if r[2] != 200]
+                    print(f"scale 2 → 4 → 3 pods under load: {len(load.results)} requests, {len(failed)} failed")
                     assert len(load.results) > 50
                     # Failures only among requests in flight when the server stopped: at most one per client.
                     assert len(failed) <= CLIENTS, failed
