@@ -11,6 +11,7 @@
 #                           tools/extproc-load)
 #   nginx + njs             Debian's nginx and libnginx-mod-http-js (apt-get), for NGF's data path
 #   buildah, mmdebstrap     Debian's packages (apt-get), to build the container image (scripts/build-image.sh)
+#   .tools/bin/kube-*, etcd, kwok  a local Kubernetes control plane for tests/cluster (scripts/install-kube.sh)
 # Idempotent: each tool is skipped when the pinned version is already there; a re-run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +89,10 @@ ln -sf ../venv/bin/hadolint "$BIN/hadolint"  # relative: .tools may be shared th
 SCHEMA_SOURCE=$("$VENV/bin/python" -c 'import importlib.util, pathlib; \
 print(pathlib.Path(importlib.util.find_spec("kubernetes_validate").origin).parent / "kubernetes-json-schema")')
 "$VENV/bin/python" tests/deploy/kube_schemas.py --source "$SCHEMA_SOURCE" --out "$TOOLS/kube-schemas" >/dev/null
+
+# The real control plane of the `kube` tests (tests/cluster): built once per machine, cached by version outside
+# the checkout (scripts/install-kube.sh; cold about 22 min on 2 busy cores, then under a second).
+bash scripts/install-kube.sh
 
 echo "install-tools: nginx $(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||'), ngf-gateway (NGF's shim), extproc-load (tools/extproc-load)"
 echo "install-tools: helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, hadolint $("$BIN/hadolint" --version | awk '{print $NF}'), kube schemas in .tools/kube-schemas"

@@ -12,7 +12,9 @@ The loop (the client-go reflector's contract, rebuilt on ``KubeApi``):
 5. Failures back off exponentially from ``backoff_initial_s`` to ``backoff_max_s`` with jitter (each delay drawn in
    ``[d/2, d)``); any success resets the backoff.
 6. **Absent**: a 404 on list means the resource type is not installed (an optional CRD); the cache is emptied,
-   ``absent`` is set and the list is retried every ``absent_recheck_s``.
+   ``absent`` is set (logged once, at info) and the list is retried every ``absent_recheck_s``.
+7. **Forbidden**: a 403 on list means picker's Role lacks the rule: one error line naming the rule, then retries
+   with backoff (quietly) until the list succeeds.
 
 ``on_change(informer, name)`` is called (on the event loop, synchronously) after every list (``name`` None: the
 whole cache was replaced) and after every event, with the name of the object it added, changed or deleted;
@@ -29,7 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from picker.discovery.kubeapi import KubeApi, KubeApiError, ListResult, Resource, ResourceGone, ResourceNotFound
+from picker.discovery.kubeapi import (
+    KubeApi,
+    KubeApiError,
+    ListResult,
+    Resource,
+    ResourceForbidden,
+    ResourceGone,
+    ResourceNotFound,
+)
 
 __all__ = ["Informer", "InformerTiming", "backoff_delay"]
 
@@ -83,6 +93,7 @@ class Informer:
         self.resource_version = ""
         self.synced = False
         self.absent = False
+        self.forbidden = False  # the last list was refused (403); reported once per streak
         self.lists = 0  # successful lists, the first included
         self._api = api
         self._on_change = on_change
@@ -101,6 +112,12 @@ class Informer:
                 self._set_absent()
                 failures = 0
                 await asyncio.sleep(self._timing.absent_recheck_s)
+                continue
+            except ResourceForbidden as exc:
+                failures += 1
+                delay = backoff_delay(failures, self._timing, self._rng)
+                self._report_forbidden("list", exc, delay)
+                await asyncio.sleep(delay)
                 continue
             except KubeApiError as exc:
                 failures += 1
@@ -152,8 +169,9 @@ class Informer:
                     exc,
                 )
                 return progressed
-            except ResourceNotFound:
-                return progressed  # the resource type went away; the list finds out and marks it absent
+            except (ResourceNotFound, ResourceForbidden):
+                # The resource type went away, or the right to watch it: the list finds out and says so.
+                return progressed
             except KubeApiError as exc:
                 failures += 1
                 delay = backoff_delay(failures, self._timing, self._rng)
@@ -169,7 +187,28 @@ class Informer:
                 failures += 1
                 await asyncio.sleep(backoff_delay(failures, self._timing, self._rng))
 
+    def _report_forbidden(self, verb: str, exc: KubeApiError, delay_s: float) -> None:
+        """A missing RBAC rule: one error line per streak that says which rule, then quiet retries."""
+        if self.forbidden:
+            log.debug("kubernetes: %s %s still forbidden; retrying in %.2fs", verb, self.resource, delay_s)
+            return
+        self.forbidden = True
+        r = self.resource
+        log.error(
+            "kubernetes: FORBIDDEN: picker may not %s %s (%s). Its ServiceAccount's Role must grant get, list and "
+            "watch on %s in API group %r in namespace %s (the chart's Role does); retrying quietly until it can",
+            verb,
+            r,
+            exc,
+            r.plural,
+            r.group,
+            r.namespace,
+        )
+
     def _replace(self, listed: ListResult) -> None:
+        if self.forbidden:
+            log.info("kubernetes: %s is readable now", self.resource)
+            self.forbidden = False
         self.items = {str(_meta(o).get("name")): _slim(o) for o in listed.items if _meta(o).get("name")}
         self.resource_version = listed.resource_version
         if self.absent:

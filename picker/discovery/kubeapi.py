@@ -7,7 +7,9 @@ failed. Here a list returns plain dicts and its resourceVersion; a watch yields 
 orjson) and raises ``ResourceGone`` on 410, whether the server says so with the HTTP status or with an ERROR
 event. The list-then-watch loop built on these lives in ``informer.py``. Leader election (``leaderelection.py``)
 reads and writes its Lease with ``get``/``create``/``replace``: a 409 (a stale resourceVersion on update, or an
-object that already exists on create) is raised as ``ResourceConflict``.
+object that already exists on create) is raised as ``ResourceConflict``; a 403 as ``ResourceForbidden``; an error
+status whose body is not JSON (a real API server answers a group it does not serve with a plain-text 404) by the
+status alone.
 
 Every error leaving this module is a ``KubeApiError`` (transport errors chained ``from`` the aiohttp error).
 No blocking call runs on the event loop: kubeconfig parsing and service-account file reads go to a thread.
@@ -35,6 +37,7 @@ __all__ = [
     "ListResult",
     "Resource",
     "ResourceConflict",
+    "ResourceForbidden",
     "ResourceGone",
     "ResourceNotFound",
     "connect",
@@ -66,6 +69,10 @@ class ResourceNotFound(KubeApiError):
     """404: on a collection, the resource type (CRD) is not installed; on an object, there is no such object."""
 
 
+class ResourceForbidden(KubeApiError):
+    """403: the identity picker runs as may not do this (its Role lacks the rule)."""
+
+
 class ResourceConflict(KubeApiError):
     """409: an update carried a stale resourceVersion, or a create found the object already there. Re-read."""
 
@@ -81,6 +88,8 @@ def _status_error(status: int, body: Any) -> KubeApiError:
         return ResourceNotFound(status, reason or "NotFound", message)
     if status == 409:
         return ResourceConflict(status, reason or "Conflict", message)
+    if status == 403:
+        return ResourceForbidden(status, reason or "Forbidden", message)
     return KubeApiError(status, reason or "Error", message)
 
 
@@ -164,6 +173,8 @@ class KubeApi:
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 raise KubeApiError(0, type(exc).__name__, str(exc)) from exc
             except orjson.JSONDecodeError as exc:
+                if not 200 <= resp.status < 300:
+                    raise _status_error(resp.status, None) from exc
                 raise KubeApiError(resp.status, "BadBody", "response is not JSON") from exc
         if not 200 <= resp.status < 300:
             raise _status_error(resp.status, decoded)
@@ -198,6 +209,10 @@ class KubeApi:
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 raise KubeApiError(0, type(exc).__name__, str(exc)) from exc
             except orjson.JSONDecodeError as exc:
+                if resp.status != 200:
+                    # A real API server answers an API group it does not serve (a CRD not installed) with a
+                    # plain-text 404: the status alone says what happened.
+                    raise _status_error(resp.status, None) from exc
                 raise KubeApiError(resp.status, "BadBody", "response is not JSON") from exc
         if resp.status != 200:
             raise _status_error(resp.status, body)

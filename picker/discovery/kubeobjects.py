@@ -6,8 +6,8 @@
   ready pods only: no ``deletionTimestamp``, condition ``Ready=True``, a ``podIP``. The annotation
   ``inference.networking.k8s.io/active-ports: "8000,8001"`` (or its successor ``llm-d.ai/active-ports``) limits
   the ranks to the listed ports; without it every target port is active.
-- InferenceObjective / InferenceModelRewrite (``inference.networking.x-k8s.io/v1alpha2``) whose ``spec.poolRef``
-  names our pool → ``PoolPolicy``.
+- InferenceObjective / InferenceModelRewrite (v1alpha2, ``llm-d.ai`` or ``inference.networking.x-k8s.io``) whose
+  ``spec.poolRef`` names our pool → ``PoolPolicy``.
 
 Malformed fields never raise out of here: a pod or rule that cannot be read is skipped, and a pool that cannot be
 read is reported as ``InvalidPool`` for the caller to log.

@@ -3,9 +3,10 @@
 Pool mode (``--pool-name``): one informer watches the InferencePool by name in the pool namespace; when its
 selector or target ports change (or it first appears) the pod informer is restarted with the new label selector,
 i.e. the pods are re-listed. Each ready pod x active target port is an endpoint (``kubeobjects.endpoints_for``).
-The pool deleted (or unreadable) ⇒ no endpoints and not synced. Two more informers follow InferenceObjective and
-InferenceModelRewrite when their CRDs exist (a 404 ⇒ absent, re-checked every ``crd_recheck_s``) and publish the
-objects whose ``spec.poolRef`` names our pool as a ``PoolPolicy``.
+The pool deleted (or unreadable) ⇒ no endpoints and not synced. Four more informers follow InferenceObjective and
+InferenceModelRewrite, in both their groups (``inference.networking.x-k8s.io`` and ``llm-d.ai``, where upstream
+moved them), when their CRDs exist (a 404 ⇒ absent, logged once and re-checked every ``crd_recheck_s``) and
+publish the objects whose ``spec.poolRef`` names our pool as a ``PoolPolicy``.
 
 Standalone mode (``--endpoint-selector k=v,… --endpoint-target-ports 8000,8001``): no CRDs at all; the pods
 matching the selector x the given ports.
@@ -31,8 +32,9 @@ from kubernetes_asyncio import client as kclient
 from picker.discovery import kubeobjects
 from picker.discovery.informer import Informer, InformerTiming
 from picker.discovery.kubeapi import ApiClientFactory, KubeApi, Resource, connect
-from picker.discovery.kubeobjects import POOL_GROUP_V1ALPHA2, PoolSpec
+from picker.discovery.kubeobjects import PoolSpec
 from picker.discovery.kubesettings import KubeSettings, configure, settings_from_args
+from picker.discovery.rbac import POLICY_GROUPS
 from picker.endpoints.model import Endpoint
 from picker.endpoints.policy import PolicyStore, PoolPolicy
 from picker.endpoints.store import EndpointStore
@@ -41,7 +43,8 @@ __all__ = ["KubeDiscovery", "KubeSettings", "configure", "run", "settings_from_a
 
 log = logging.getLogger(__name__)
 
-POLICY_GROUP, POLICY_VERSION = POOL_GROUP_V1ALPHA2, "v1alpha2"
+POLICY_VERSION = "v1alpha2"
+POLICY_PLURALS = ("inferenceobjectives", "inferencemodelrewrites")
 
 
 def _timing(settings: KubeSettings) -> InformerTiming:
@@ -95,8 +98,9 @@ class KubeDiscovery:
             )
             self._pool_informer = self._informer(pools, self._on_pool)
             self._policy_informers = tuple(
-                self._informer(Resource(POLICY_GROUP, POLICY_VERSION, plural, ns), self._on_policy)
-                for plural in ("inferenceobjectives", "inferencemodelrewrites")
+                self._informer(Resource(group, POLICY_VERSION, plural, ns), self._on_policy)
+                for group in POLICY_GROUPS
+                for plural in POLICY_PLURALS
             )
 
     @property
@@ -232,10 +236,13 @@ class KubeDiscovery:
     # --- objectives and rewrites -----------------------------------------------------------------------------
 
     def _on_policy(self, _: Informer, __: str | None) -> None:
-        objectives, rewrites = self._policy_informers
+        # Both groups' objects count; on a name in both, the llm-d.ai object (listed last) wins.
+        by_plural: dict[str, list[dict[str, object]]] = {plural: [] for plural in POLICY_PLURALS}
+        for informer in self._policy_informers:
+            by_plural[informer.resource.plural].extend(informer.items.values())
         policy = kubeobjects.build_policy(
-            objectives.items.values(),
-            rewrites.items.values(),
+            by_plural["inferenceobjectives"],
+            by_plural["inferencemodelrewrites"],
             pool_name=self._settings.pool_name,
             pool_group=self._settings.pool_group,
         )

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from picker.discovery import kubeobjects
 from picker.discovery.kubeobjects import POOL_GROUP, POOL_GROUP_V1ALPHA2, Selector
 from picker.errors import ConfigError
-from picker.scheduling.units import add_bool_flag
+from picker.scheduling.units import add_bool_flag, duration_arg
 
 __all__ = ["KubeSettings", "configure", "settings_from_args"]
 
 _JITTER_FACTOR = 1.2  # client-go's leader election jitter of the retry period
+_CRD_RECHECK_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class KubeSettings:
     request_timeout_s: float = 30.0  # list requests, watch connects
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 4.0  # also how long an API outage can hide a change once the API is back
-    crd_recheck_s: float = 60.0  # how often an absent CRD (404) is looked for again
+    crd_recheck_s: float = _CRD_RECHECK_S  # how often an absent CRD (404) is looked for again
     # Leader election (--ha-enable-leader-election): controller-runtime's defaults.
     leader_election: bool = False
     lease_duration_s: float = 15.0  # a standby takes over a lease not renewed for this long
@@ -87,6 +88,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--endpoint-selector", default="", help="standalone mode: pod label selector 'k=v,k2=v2'")
     group.add_argument("--endpoint-target-ports", default="", help="standalone mode: ports per pod, e.g. 8000,8001")
     group.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
+    group.add_argument(
+        "--crd-recheck-interval",
+        type=duration_arg,
+        default=_CRD_RECHECK_S,
+        metavar="DURATION",
+        help="how often an optional CRD that is not installed (InferenceObjective, InferenceModelRewrite) is looked "
+        "for again (default 60s)",
+    )
     add_bool_flag(
         group,
         "--ha-enable-leader-election",
@@ -111,6 +120,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         endpoint_selector=kubeobjects.parse_selector(args.endpoint_selector) if args.endpoint_selector else (),
         target_ports=kubeobjects.parse_ports(args.endpoint_target_ports) if args.endpoint_target_ports else (),
         kubeconfig=args.kubeconfig,
+        crd_recheck_s=args.crd_recheck_interval,
         leader_election=args.ha_enable_leader_election,
         identity=env.get("POD_NAME", ""),
     )

@@ -17,8 +17,10 @@ __all__ = [
     "INFERENCE_GROUP",
     "INFERENCE_X_GROUP",
     "LEADER_ELECTION_RULES",
+    "LLMD_GROUP",
     "METRICS_AUTH_RULES",
     "PEER_RULES",
+    "POLICY_GROUPS",
     "REQUIRED_RULES",
     "PolicyRule",
     "pool_rule",
@@ -27,6 +29,8 @@ __all__ = [
 
 INFERENCE_GROUP = "inference.networking.k8s.io"  # InferencePool v1
 INFERENCE_X_GROUP = "inference.networking.x-k8s.io"  # InferenceObjective, InferenceModelRewrite v1alpha2
+LLMD_GROUP = "llm-d.ai"  # InferenceObjective, InferenceModelRewrite v1alpha2, where upstream moved them
+POLICY_GROUPS = (INFERENCE_X_GROUP, LLMD_GROUP)  # picker reads the objectives and rewrites of both
 
 _READ = ("get", "watch", "list")
 
@@ -51,12 +55,12 @@ def pool_rule(pool_group: str = INFERENCE_GROUP) -> PolicyRule:
     return PolicyRule(pool_group, "inferencepools", _READ)
 
 
-# Pool mode (--pool-name) with a v1 pool: read the pool, its pods, and the optional objective/rewrite CRDs.
+# Pool mode (--pool-name) with a v1 pool: read the pool, its pods, and the optional objective/rewrite CRDs of
+# both groups.
 REQUIRED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule("", "pods", _READ),
     pool_rule(INFERENCE_GROUP),
-    PolicyRule(INFERENCE_X_GROUP, "inferenceobjectives", _READ),
-    PolicyRule(INFERENCE_X_GROUP, "inferencemodelrewrites", _READ),
+    *(PolicyRule(g, p, _READ) for g in POLICY_GROUPS for p in ("inferenceobjectives", "inferencemodelrewrites")),
 )
 
 # Added with --ha-enable-leader-election: the Lease it holds and the events the election records. picker itself

@@ -248,7 +248,7 @@ def test_every_watched_collection_has_its_rbac_rule(pool_group: str) -> None:
         name: kube.KubeDiscovery(unused, store=EndpointStore(), policy_store=PolicyStore(), settings=s).watched()
         for name, s in (("pool", pool_mode), ("standalone", standalone))
     }
-    assert len(watched["pool"]) == 4
+    assert len(watched["pool"]) == 6  # pods, the pool, objectives and rewrites of two groups
     assert (pool_group, "inferencepools") in watched["pool"]
     assert watched["standalone"] == (("", "pods"),)
     for kinds in watched.values():

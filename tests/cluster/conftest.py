@@ -1,0 +1,21 @@
+"""The real control plane, started once per test session for the tests of this folder (marked ``kube``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.controlplane import ControlPlane, running_control_plane
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    with running_control_plane() as cp:
+        yield cp
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.path):
+            item.add_marker(pytest.mark.kube)
