@@ -1,4 +1,7 @@
-"""The real control plane, started once per test session for the tests of this folder (marked ``kube``)."""
+"""The real control plane, started once for the tests of this folder (marked ``kube``) and stopped after them.
+
+Package scope, not session: its processes are children of pytest, and later tests (tests/test_serve.py) count
+pytest's children as picker workers."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import pytest
 from tests.cluster.controlplane import ControlPlane, running_control_plane
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def control_plane() -> Iterator[ControlPlane]:
     with running_control_plane() as cp:
         yield cp
