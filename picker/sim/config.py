@@ -122,23 +122,25 @@ class EngineConfig:
         return (self.model, *self.lora_adapters)
 
 
-PRESETS: dict[str, EngineConfig] = {
-    # 8B (Llama-3.1-8B class) on one H100 80 GB: ~400k KV tokens; decode step ~11 ms (weights read once per
-    # step), prefill ~8k tokens/s plus a fixed cost for a non-graph-captured step.
-    "h100-8b": EngineConfig(
-        timing=StepTiming(
-            overhead_s=0.011,
-            prefill_overhead_s=0.035,
-            prefill_s_per_token=0.00012,
-            decode_s_per_seq=0.00005,
-            context_s_per_token=4e-8,
-            lora_overhead_s=0.002,
-        ),
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        num_gpu_blocks=25000,
-        max_model_len=8192,
+# 8B (Llama-3.1-8B class) on one H100 80 GB: ~400k KV tokens; decode step ~11 ms (weights read once per step),
+# prefill ~8k tokens/s plus a fixed cost for a non-graph-captured step.
+_H100_8B = EngineConfig(
+    timing=StepTiming(
+        overhead_s=0.011,
+        prefill_overhead_s=0.035,
+        prefill_s_per_token=0.00012,
+        decode_s_per_seq=0.00005,
+        context_s_per_token=4e-8,
+        lora_overhead_s=0.002,
     ),
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    num_gpu_blocks=25000,
+    max_model_len=8192,
+)
+
+PRESETS: dict[str, EngineConfig] = {
+    "h100-8b": _H100_8B,
     # The seed's CPU server, one request at a time: TTFT 0.110 s for 13 prompt tokens and 0.772 s for 116; a
     # decode step ~29 ms, +2 ms per extra sequence in the batch (docs/simulator.md).
     "cpu": EngineConfig(
@@ -155,20 +157,7 @@ PRESETS: dict[str, EngineConfig] = {
     ),
     # h100-8b's speed where the slots and the KV cache run out: 16 sequences, 256 blocks (4096 tokens) - about
     # six 512-token answers with their prompts.
-    "gpu-bounded": EngineConfig(
-        timing=StepTiming(
-            overhead_s=0.011,
-            prefill_overhead_s=0.035,
-            prefill_s_per_token=0.00012,
-            decode_s_per_seq=0.00005,
-            context_s_per_token=4e-8,
-            lora_overhead_s=0.002,
-        ),
-        max_num_seqs=16,
-        max_num_batched_tokens=8192,
-        num_gpu_blocks=256,
-        max_model_len=4096,
-    ),
+    "gpu-bounded": _H100_8B.replace(max_num_seqs=16, num_gpu_blocks=256, max_model_len=4096),
     "fast": EngineConfig(
         timing=StepTiming(overhead_s=0.002, prefill_s_per_token=0.00001, decode_s_per_seq=0.00002),
         max_num_seqs=32,
