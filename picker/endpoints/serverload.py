@@ -26,10 +26,9 @@ the added requests waiting, the removed ones taken from waiting and running alik
 server's traffic m_e is 1 and nothing changes; with peers exchanging their ledgers (docs/ha.md) own is the pool's
 and m_e is about 1 too. Per server, not over the pool: a client that sends half the pool's traffic to one server
 does not follow picker, and there picker's share (and its own change) is small, so its own moves elsewhere are not
-read as the client's (a lab run with half the traffic sent straight to one of 4 servers: with one m over the pool,
-2, picker's sends to the other three were doubled and its prefix groups split, p90 90 -> 172 ms;
-tests/bench/test_lab_scenarios.py). Four independent replicas in the policy lab: p90 TTFT 2,837 -> 2,690 ms at
-shared-prefix 160 req/s (seeds 0-9; docs/scheduling.md). ``waiting_of``, the waiting requests alone, is not moved
+read as the client's (with one m over the pool, a client sending half the traffic straight to one server doubled
+picker's sends to the others and split its prefix groups: tests/bench/test_lab_scenarios.py; the lab's numbers
+are in docs/scheduling.md). ``waiting_of``, the waiting requests alone, is not moved
 (``follow_own`` off; its docstring).
 
 In tokens (the unit of ``token-load-scorer``): the ledger's own tokens, plus each foreign request at the weight

@@ -65,9 +65,8 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   scoring the whole spread. Sessions and shared prefixes come back to where they were placed, so what a server
   took in is work still to come, and a new session should go round the pool (SGLang's smallest tree) rather than
   to whichever queue is shortest this instant; one-off prompts bring nothing back, and for them the load scorers'
-  view of the queues keeps its say. In the lab (seeds 0-4): multi-turn 80 req/s 3.8 → 2.5 s p90 (cache-aware:
-  2.2 s), two or four independent routers at multi-turn 20 req/s -10 %; a slow server takes its share of new
-  sessions unless it answers 2x slower (slow-server multi-turn 40 +3 %). picker's default turns it on. The hit
+  view of the queues keeps its say (the lab's numbers: docs/scheduling.md); a slow server takes its share of new
+  sessions unless it answers 2x slower. picker's default turns it on. The hit
   share is each picker's own: with several independent replicas and no peer exchange each sees a session's
   turns that another routed as cold.
   Where the servers' requests are nearly all picker's and its peers' (at most 10 % reported beyond them: a moving
@@ -75,11 +74,10 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   sharp spread goes to the least placed server alone (the others score none of it, so the load scorers cannot
   reorder servers a session apart), and it needs every server queueing at a quarter of the recent cold prompts
   with every index full, not at this very one: far past the knee a scrape that caught one queue empty says
-  little. New sessions then go round the pool as SGLang's (plain multi-turn 80 req/s 2.5 → 2.25 s, cache-aware
-  2.24 s). There the pool also counts as queueing when its servers report two requests waiting each on average,
-  one queue empty or not: such a pool would fill that queue many times over, and sending new sessions to the
-  servers that drained this instant herds them onto a few, each coming back for its next turns (plain multi-turn
-  80 req/s over thirty seeds: 0.98x → 0.99x of cache-aware; at 40 req/s the pool averages under 1.5). Where
+  little. New sessions then go round the pool as SGLang's. There the pool also counts as queueing when its servers
+  report two requests waiting each on average, one queue empty or not: such a pool would fill that queue many
+  times over, and sending new sessions to the servers that drained this instant herds them onto a few, each
+  coming back for its next turns. Where
   others fill a good part of the queues (bypassing clients, independent replicas) they fill servers the round
   does not see, and the queues of this moment keep their say as before.
 * ``coldSpreadDebtLimit`` 0 (off; ≥ 0): where the spread counts blocks placed lately (``placed``, or
@@ -96,8 +94,7 @@ picker's options (all off by default, so the reference behaviour is unchanged):
   adapters than ``max_lora``: lora-affinity-scorer's 1.0 and 0.8), as long as one where it fits is a candidate.
   There the request would wait for another adapter's requests to drain and that adapter to be unloaded; the
   spread weighs 3 to LoRA affinity's 1 in picker's default, so it sent an adapter's new prompts onto servers
-  busy with another adapter, splitting adapters over servers with one slot (the lab's multi-LoRA 40 req/s: 153
-  → 135 ms p90 over ten seeds; 20 req/s with 30 % outside traffic 164 → 140). A base-model request is in no
+  busy with another adapter, splitting adapters over servers with one slot. A base-model request is in no
   server's adapter lists and is spread as before. picker's default turns it on.
 * ``coldSpreadHome`` false: a cold prompt of at least ``coldSpreadSpeedMaxTokens`` tokens scores the spread on
   one candidate only, its home: the candidate whose key ranks first for the prompt's first

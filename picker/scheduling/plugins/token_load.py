@@ -12,8 +12,8 @@ by what picker sent and saw finish since): requests from other picker replicas, 
 bypass picker, or from before picker restarted, each weighted as an average request picker routed (waiting: prompt
 + answer; running: the answer). Without a fresh sample it is the ledger alone. Since the report, the others are
 assumed to have sent where picker did, in proportion to each server's traffic per request of picker's there
-(``serverload``: independent replicas read the same reports and likely favour the same servers; 4 replicas at
-shared-prefix 160 req/s 2,837 -> 2,690 ms p90, docs/scheduling.md).
+(``serverload``: independent replicas read the same reports and likely favour the same servers;
+docs/scheduling.md has the lab's numbers).
 
 With a peer exchange between picker replicas (docs/ha.md) the ledger is the pool's: picker's own in-flight tokens
 plus those its peers reported.
@@ -23,7 +23,7 @@ Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (1
 (default) or ``blended``; picker's ``prefillPendingTokens`` (default 0: off): for a request whose prompt is
 shorter than this many tokens, an endpoint where a request picker sent has not had its first token yet counts
 this many tokens more. A request arriving there waits for that prefill's engine step (a fixed cost per step on
-top of the tokens: ~35 ms on the lab's H100 profile, ~290 prompt tokens' worth) before its own; tokens alone
+top of the tokens, worth a few hundred prompt tokens on a GPU) before its own; tokens alone
 weigh a 13-token prompt at nearly nothing, so short requests came in runs on one server. A longer prompt's own
 prefill outweighs the wait, and steering it off a prefilling server moved new sessions off the server that
 would cache them (docs/scheduling.md, issue 13). Counts only picker's own requests (peers do not report first
@@ -45,11 +45,11 @@ waiting beyond picker's own in flight (``server_waiting``: other replicas, clien
 tokens are not counted. A server whose batch is full, or whose KV cache is, queues new requests, and that shows as
 waiting. Servers left equal tie, and the request asks the picker to break the tie by a rotation
 (``framework.ROTATE_TIES``), so short requests are spaced evenly, as round robin spaces them, instead of following
-the in-flight load as least connections does (short-long 100 req/s in the lab: 61 ms p90 for round robin, 89 for
-least connections). picker's own pending prefills get no mark here: the rotation is what spaces picker's own
-short prompts, and a server whose turn comes while picker's previous short prompt there is still prefilling
+the in-flight load as least connections does (which spaced them worse in the lab, docs/scheduling.md). picker's own
+pending prefills get no mark here: the rotation is what spaces picker's own short prompts, and a server whose
+turn comes while picker's previous short prompt there is still prefilling
 would otherwise be skipped, putting the prompt out of turn onto a server another replica or client may just have
-filled (4 independent replicas at 400 req/s: 99.4 -> 97.4 ms p90). Only a backlog counts: pending prefills of
+filled. Only a backlog counts: pending prefills of
 picker's beyond twice the candidates' mean plus one count a mark each, so a server that has stopped answering
 (hung, its metrics page still up) does not keep its turns. While short prompts are a
 minority among long ones, the long prompts' prefills and the LoRA adapters' queues decide their wait too, and the
