@@ -71,7 +71,8 @@ DEFAULT_S_PER_TOKEN = 1e-4  # prefill seconds per prompt token before any first 
 DEFAULT_ANSWER_TOKENS = 256.0  # a model's mean answer before any completion is seen
 _ALPHA = 0.05  # moving averages over about the last 20 observations
 _MIN_PREFILL_TOKENS = 8  # a first token teaches the prefill rate only when it had this many tokens to compute
-_PREFILL_SAMPLES = 64  # the prefill rate is the median of this many recent samples (one long queue is no rate)
+_PREFILL_SAMPLES = 64  # the prefill rate is fitted to this many recent first tokens
+_MIN_FIT_SAMPLES = 8  # fewer: the mean rate, no line
 _PINNED = 3  # reports at the same most-running count with a queue that make it the server's slot limit
 _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
@@ -94,6 +95,10 @@ class Estimate:
     # How much longer a typical request arriving next would wait there because this one went first: this one's
     # prefill ahead of it, and the wait for a slot (or KV room) if this one takes the last.
     next_delay_s: float = 0.0
+    # How much longer the requests already running there take because this one joins them: its prefill stalls
+    # each one's next step, and each of its decode steps is longer by one more sequence.
+    stall_s: float = 0.0
+    own_tokens: float = 0.0  # this request's uncached prompt tokens there
 
     def e2e_s(self, answer_tokens: float) -> float:
         return self.ttft_s + max(0.0, answer_tokens - 1.0) * self.tpot_s
@@ -203,6 +208,8 @@ class ServerModel:
         "_answers",
         "_batch",
         "_ctx",
+        "_done",
+        "_done_at_pin",
         "_fit",
         "_last_arrival",
         "_mean_gap_s",
@@ -211,7 +218,9 @@ class ServerModel:
         "_prefill_samples",
         "_prompt_tokens",
         "_seen",
+        "_share",
         "_speed",
+        "prefill_base_s",
         "s_per_token",
     )
 
@@ -220,6 +229,8 @@ class ServerModel:
         self._most_running: dict[str, int] = {}  # the most requests each server was seen running
         # Reports of each server at its most running with requests waiting and KV to spare (reset when it runs more)
         self._pinned: dict[str, int] = {}
+        self._done: dict[str, int] = {}  # picker's requests seen to finish on each server
+        self._done_at_pin: dict[str, int] = {}  # ... as of the last report that counted towards its slot limit
         self._seen: dict[str, float] = {}  # the last report read of each server (its updated_at)
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
@@ -228,8 +239,10 @@ class ServerModel:
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
         self._last_arrival: float | None = None
         self._mean_gap_s: float | None = None  # mean time between two requests picker routed, lately
-        self._prefill_samples: deque[float] = deque(maxlen=_PREFILL_SAMPLES)
+        self._share: dict[str, float] = {}  # the share of picker's requests routed to each server, lately
+        self._prefill_samples: deque[tuple[float, float]] = deque(maxlen=_PREFILL_SAMPLES)
         self.s_per_token = DEFAULT_S_PER_TOKEN
+        self.prefill_base_s = 0.0
 
     def now(self) -> float:
         return self._ctx.clock()
@@ -253,7 +266,14 @@ class ServerModel:
                 most[key] = m.running
                 pinned[key] = 0
             if m.waiting > 0 and m.running == most.get(key, 0) and m.kv_usage < _KV_BOUND:
-                pinned[key] = pinned.get(key, 0) + 1
+                done = self._done.get(key, 0)
+                if done > self._done_at_pin.get(key, -1):
+                    self._done_at_pin[key] = done
+                    pinned[key] = pinned.get(key, 0) + 1
+
+    def observe_done(self, key: str) -> None:
+        """One of picker's requests finished on ``key``: a slot freed there."""
+        self._done[key] = self._done.get(key, 0) + 1
 
     def capacity(self, key: str) -> int:
         """A server's slots: the most it ran, once it was seen queueing; for one never seen queueing, the pool's
@@ -300,10 +320,14 @@ class ServerModel:
     def mean_answer(self, model: str) -> float:
         return self._answers.get(model, DEFAULT_ANSWER_TOKENS)
 
-    def observe_arrival(self, now: float) -> None:
-        """A request was routed at ``now``: the pool's arrival rate (picker's own routing) follows."""
+    def observe_arrival(self, now: float, key: str) -> None:
+        """A request was routed to ``key`` at ``now``: the pool's arrival rate and each server's share follow."""
         last = self._last_arrival
         self._last_arrival = now
+        share = self._share
+        for k in share:
+            share[k] *= 1.0 - _ALPHA
+        share[key] = share.get(key, 0.0) + _ALPHA
         if last is None:
             return
         gap = max(0.0, now - last)
@@ -316,6 +340,10 @@ class ServerModel:
         mean = self._mean_gap_s
         return 1.0 / mean if mean else 0.0
 
+    def arrivals_at(self, key: str) -> float:
+        """Requests per second picker has been routing to ``key``, lately."""
+        return self.arrivals_per_s * self._share.get(key, 0.0)
+
     def observe_prompt(self, tokens: float) -> None:
         mean = self._prompt_tokens
         self._prompt_tokens = tokens if mean <= 0.0 else mean + _ALPHA * (tokens - mean)
@@ -326,13 +354,35 @@ class ServerModel:
         tokens = predicted.prefill_tokens
         if tokens < _MIN_PREFILL_TOKENS or predicted.slot_wait_s > 0.0 or predicted.fixed_s > ttft_s:
             return
+        if predicted.own_tokens * 2.0 < tokens:
+            return
         samples = self._prefill_samples
-        samples.append((ttft_s - predicted.fixed_s) / (tokens * predicted.speed))
-        self.s_per_token = statistics.median(samples)
+        samples.append((tokens * predicted.speed, ttft_s - predicted.fixed_s))
+        n = len(samples)
+        mx = sum(x for x, _ in samples) / n
+        my = sum(y for _, y in samples) / n
+        sxx = sum((x - mx) ** 2 for x, _ in samples)
+        sxy = sum((x - mx) * (y - my) for x, y in samples)
+        slope = sxy / sxx if sxx > 0.0 else 0.0
+        if n < _MIN_FIT_SAMPLES or slope <= 0.0:  # too few, or too alike: the mean rate
+            self.s_per_token = my / mx
+            self.prefill_base_s = 0.0
+        else:
+            self.s_per_token = slope
+            self.prefill_base_s = max(0.0, my - slope * mx)
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop what was learned of servers that left the pool."""
-        for table in (self._most_running, self._pinned, self._seen, self._batch, self._speed):
+        for table in (
+            self._most_running,
+            self._pinned,
+            self._seen,
+            self._batch,
+            self._speed,
+            self._share,
+            self._done,
+            self._done_at_pin,
+        ):
             for key in [k for k in table if k not in keys]:
                 del table[key]
 
@@ -360,25 +410,24 @@ class ServerModel:
             step = speed * (a + c * (batch + 1.0))
             others_running = max(0.0, load.foreign_running + (load.own_requests - len(leases)))
             ahead_tokens = load.foreign_waiting * mean_prompt
-            for lease in leases:
-                if lease.first_token_at is None:
-                    ahead_tokens += lease.prefill_tokens
+            ahead_tokens += self._prefill_left(leases, now, speed * s_tok)
             m = e.metrics
             kv_tokens = float(m.num_gpu_blocks * (m.block_size or 16)) if m.num_gpu_blocks else math.inf
-            wait, next_wait = self._start_wait(
+            wait, next_wait, overlap = self._start_wait(
                 leases,
                 others_running,
                 load.foreign_waiting,
-                Demand(0.0, u),
+                Demand(u * s_tok * speed + answer * step, u),
                 cap or _NO_LIMIT,
                 kv_tokens,
                 step,
                 speed * s_tok,
                 mean_prompt,
                 mean_answer,
+                answer,
                 now,
             )
-            fixed = wait + step + _adapter_wait(e, model, mean_answer * step)
+            fixed = wait + step + self.prefill_base_s * speed + _adapter_wait(e, model, mean_answer * step)
             tokens = ahead_tokens + u
             out.append(
                 Estimate(
@@ -390,9 +439,27 @@ class ServerModel:
                     wait,
                     batch,
                     next_wait - wait + u * s_tok * speed,
+                    batch * u * s_tok * speed + c * speed * overlap,
+                    u,
                 )
             )
         return out
+
+    @staticmethod
+    def _prefill_left(leases: Collection[Lease], now: float, s_per_token: float) -> float:
+        """The prompt tokens picker's requests on a server still have to compute before their first tokens: the
+        server computes them first come first served at ``1 / s_per_token`` tokens a second, from the oldest one's
+        arrival (a request routed a moment ago behind a long prompt has nearly all of it left; one routed long
+        ago, little)."""
+        pending = [lease for lease in leases if lease.first_token_at is None]
+        if not pending or s_per_token <= 0.0:
+            return 0.0
+        drained = 0.0
+        left = 0.0
+        for lease in pending:
+            left += lease.prefill_tokens
+        drained = (now - pending[0].started_at) / s_per_token
+        return max(0.0, left - drained)
 
     def _start_wait(
         self,
@@ -406,8 +473,9 @@ class ServerModel:
         s_tok: float,
         mean_prompt: float,
         mean_answer: float,
+        answer: float,
         now: float,
-    ) -> tuple[float, float]:
+    ) -> tuple[float, float, float]:
         """``start_wait_s`` on one server for this request and for a typical one right after it: picker's own
         requests by what each has left, the others' at means."""
         running: list[Demand] = []
@@ -431,4 +499,7 @@ class ServerModel:
             )
         queued.extend([Demand(whole, mean_prompt)] * round(others_waiting))
         waits = start_waits_s(running, (*queued, ours, Demand(whole, mean_prompt)), slots, kv_tokens)
-        return waits[-2], waits[-1]
+        overlap = 0.0  # answer tokens of the running requests decoded beside this one's
+        for d in running[:slots]:
+            overlap += min(d.seconds / step, answer)
+        return waits[-2], waits[-1], overlap

@@ -110,11 +110,20 @@ class LatencyScorer:
         answer: float = cycle[self._state_key][2]
         slo = slo_of(req)
         if slo is None:
-            per_server = self.model.arrivals_per_s / len(endpoints)
-            costs = [x.e2e_s(answer) + x.next_delay_s * (1.0 + per_server * x.ttft_s) for x in found]
+            costs = self._costs(endpoints, found, answer)
             best = min(costs)
             return ScoreVector(endpoints, [best / c if c > 0.0 else 1.0 for c in costs])
         return ScoreVector(endpoints, self._headroom_scores(found, slo))
+
+    def _costs(self, endpoints: Sequence[Endpoint], found: Sequence[Estimate], answer: float) -> list[float]:
+        """Each candidate's cost in seconds of the pool's requests: this one's end-to-end time there, what it adds
+        to the requests running there (``Estimate.stall_s``), and its delay to each request arriving there while it
+        waits (picker's recent routing rate to that server)."""
+        model = self.model
+        return [
+            x.e2e_s(answer) + x.stall_s + x.next_delay_s * (1.0 + model.arrivals_at(e.key) * x.ttft_s)
+            for e, x in zip(endpoints, found, strict=True)
+        ]
 
     def _headroom_scores(self, found: Sequence[Estimate], slo: Slo) -> list[float]:
         params = self.params
@@ -159,8 +168,8 @@ class LatencyScorer:
         if state is None:
             return
         endpoints, found, _ = state
-        self.model.observe_arrival(self.model.now())
         target = result.targets[0].key
+        self.model.observe_arrival(self.model.now(), target)
         for e, x in zip(endpoints, found, strict=True):
             if e.key == target:
                 pending = self._pending
@@ -180,6 +189,8 @@ class LatencyScorer:
     def post_response(self, req: InferenceRequest, info: ResponseInfo) -> None:
         """Learn the model's answer length and, from a streamed answer's TPOT, the server's step time."""
         predicted = self._pending.pop(req.request_id, None)
+        if info.endpoint_key:
+            self.model.observe_done(info.endpoint_key)
         n = info.completion_tokens
         if not n:
             return
