@@ -62,6 +62,7 @@ __all__ = [
     "ServerModel",
     "StepFit",
     "answer_tokens",
+    "resistant_line",
     "start_wait_s",
     "start_waits_s",
 ]
@@ -72,7 +73,6 @@ DEFAULT_ANSWER_TOKENS = 256.0  # a model's mean answer before any completion is 
 _ALPHA = 0.05  # moving averages over about the last 20 observations
 _MIN_PREFILL_TOKENS = 8  # a first token teaches the prefill rate only when it had this many tokens to compute
 _PREFILL_SAMPLES = 64  # the prefill rate is fitted to this many recent first tokens
-_MIN_FIT_SAMPLES = 8  # fewer: the mean rate, no line
 _PINNED = 3  # reports at the same most-running count with a queue that make it the server's slot limit
 _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
@@ -165,6 +165,23 @@ def _adapter_wait(endpoint: Endpoint, adapter: str, answer_s: float) -> float:
     if len(m.running_loras | m.waiting_loras) < m.max_loras:
         return 0.0
     return answer_s / 2.0
+
+
+def resistant_line(points: Collection[tuple[float, float]]) -> tuple[float, float]:
+    """(slope, intercept >= 0) of Tukey's resistant line through ``points`` (x > 0): the slope between the medians
+    of the lowest and the highest third by x, so that a few first tokens delayed by a queue move it little. With x
+    too alike to tell a slope (or a slope <= 0): the median of y / x through the origin."""
+    ordered = sorted(points)
+    n = len(ordered)
+    third = n // 3
+    if third >= 2:
+        low, high = ordered[:third], ordered[n - third :]
+        x_low, x_high = statistics.median(p[0] for p in low), statistics.median(p[0] for p in high)
+        if x_high > 1.5 * x_low:
+            slope = (statistics.median(p[1] for p in high) - statistics.median(p[1] for p in low)) / (x_high - x_low)
+            if slope > 0.0:
+                return slope, max(0.0, statistics.median(y - slope * x for x, y in ordered))
+    return statistics.median(y / x for x, y in ordered), 0.0
 
 
 class StepFit:
@@ -349,8 +366,10 @@ class ServerModel:
         self._prompt_tokens = tokens if mean <= 0.0 else mean + _ALPHA * (tokens - mean)
 
     def observe_first_token(self, ttft_s: float, predicted: Estimate) -> None:
-        """Learn the prefill rate from one observed TTFT against what was predicted for it (only requests predicted
-        to get a slot at once: a slot wait mispredicted is no prefill time)."""
+        """Learn the prefill rate from one observed TTFT against what was predicted for it: only requests predicted
+        to get a slot at once (a slot wait mispredicted is no prefill time) whose own prompt was most of what the
+        server computed before their first token (prompts computed together in one step end together, so tokens
+        ahead say little about when a first token comes)."""
         tokens = predicted.prefill_tokens
         if tokens < _MIN_PREFILL_TOKENS or predicted.slot_wait_s > 0.0 or predicted.fixed_s > ttft_s:
             return
@@ -358,18 +377,7 @@ class ServerModel:
             return
         samples = self._prefill_samples
         samples.append((tokens * predicted.speed, ttft_s - predicted.fixed_s))
-        n = len(samples)
-        mx = sum(x for x, _ in samples) / n
-        my = sum(y for _, y in samples) / n
-        sxx = sum((x - mx) ** 2 for x, _ in samples)
-        sxy = sum((x - mx) * (y - my) for x, y in samples)
-        slope = sxy / sxx if sxx > 0.0 else 0.0
-        if n < _MIN_FIT_SAMPLES or slope <= 0.0:  # too few, or too alike: the mean rate
-            self.s_per_token = my / mx
-            self.prefill_base_s = 0.0
-        else:
-            self.s_per_token = slope
-            self.prefill_base_s = max(0.0, my - slope * mx)
+        self.s_per_token, self.prefill_base_s = resistant_line(samples)
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop what was learned of servers that left the pool."""
