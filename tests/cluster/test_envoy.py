@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from picker.bench import envoy as envoy_config
+from picker.bench.cluster import ControlPlane
 from picker.bench.procs import free_ports
-from tests.cluster.controlplane import ControlPlane
 from tests.cluster.stack import Picker, eventually, metrics, namespace, picker_serve, pool_values, release, sample, sims
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.e2e]
