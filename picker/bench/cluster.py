@@ -46,9 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLS_BIN = REPO / ".tools" / "bin"
 KUBE_VERSION = "v1.34.4"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
-HELM = "helm"
-# What builds each tool: the control plane (scripts/install-tools.sh also runs it) and helm.
-_BUILDERS = {**{name: "bash scripts/install-kube.sh" for name in BINARIES}, HELM: "bash scripts/install-tools.sh"}
+HELM = "helm"  # installed by scripts/install-tools.sh
 NODE = "kwok-node"
 POD_CIDR = "127.1.0.0/16"  # kwok's pod addresses: loopback, never a routable range
 SERVICE_CIDR = "10.0.0.0/24"  # ClusterIPs are only ever written to objects; nothing here connects to one
@@ -72,13 +70,16 @@ def missing_tools(names: Sequence[str] = (*BINARIES, HELM)) -> list[str]:
 def require_tools(names: Sequence[str] = (*BINARIES, HELM)) -> None:
     """Raise ``ToolsMissing`` naming the missing tools and the command(s) that build them."""
     missing = missing_tools(names)
-    if missing:
-        commands = " and ".join(f"`{c}`" for c in dict.fromkeys(_BUILDERS[n] for n in missing))
-        raise ToolsMissing(
-            f"the local control plane tools are not built ({', '.join(missing)} missing in {TOOLS_BIN}): "
-            f"run {commands} (a cold build of the control plane takes about 20 minutes on 2 cores; it is cached "
-            "by version afterwards)"
-        )
+    if not missing:
+        return
+    if HELM in missing:
+        how = "`bash scripts/install-tools.sh` (it installs helm and runs scripts/install-kube.sh"
+    else:
+        how = "`bash scripts/install-kube.sh` (scripts/install-tools.sh runs it too"
+    raise ToolsMissing(
+        f"the local control plane tools are not built ({', '.join(missing)} missing in {TOOLS_BIN}): run {how}; "
+        "a cold build of the control plane takes about 20 minutes on 2 cores, cached by version afterwards)"
+    )
 
 
 def third_party_dir() -> Path:
