@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from picker.bench import envoy, lab_report, ngf, procs
 from picker.bench import stack as stack_procs
@@ -51,6 +51,7 @@ from picker.scheduling import units
 
 __all__ = [
     "DemoPlan",
+    "PhaseLoad",
     "configure",
     "ended_early",
     "load_spec",
@@ -237,8 +238,21 @@ def workload_for(plan: DemoPlan) -> wl.Workload:
     )
 
 
-def load_spec(plan: DemoPlan) -> LoadSpec:
-    """The load of one phase: ``plan.rate`` for ``plan.duration_s`` (capped at ``plan.requests``)."""
+class PhaseLoad(Protocol):
+    """What a demo's plan says about the load of one phase (``DemoPlan``, ``demo_pd.PdDemoPlan``)."""
+
+    @property
+    def rate(self) -> float: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def load_spec(plan: PhaseLoad) -> LoadSpec:
+    """The load of one phase: ``plan.rate`` for ``plan.duration_s`` (capped at ``plan.requests``), seeded."""
     return LoadSpec(
         rate=plan.rate,
         max_requests=plan.requests,

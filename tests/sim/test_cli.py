@@ -45,15 +45,17 @@ async def test_hosts_serve_one_server_per_address_on_one_port() -> None:
     hosts = ["127.0.0.2", "127.0.0.3"]
     (port,) = free_ports(1, hosts=hosts)
     started: list[str] = []
-    async with stack_procs.sims(
-        [port], num_gpu_blocks=None, seed=0, on_start=lambda c: started.append(c.name), hosts=hosts, preset="fast"
+    async with (
+        stack_procs.sims(
+            [port], num_gpu_blocks=None, seed=0, on_start=lambda c: started.append(c.name), hosts=hosts, preset="fast"
+        ),
+        aiohttp.ClientSession() as http,
     ):
-        async with aiohttp.ClientSession() as http:
-            for host in hosts:
-                body = {"prompt": "hi", "max_tokens": 2}
-                async with http.post(f"http://{host}:{port}/v1/completions", json=body) as resp:
-                    assert resp.status == 200
-                    assert resp.headers["x-backend"] == f"sim-{host}:{port}"
+        for host in hosts:
+            body = {"prompt": "hi", "max_tokens": 2}
+            async with http.post(f"http://{host}:{port}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-backend"] == f"sim-{host}:{port}"
     assert started == ["sims"]
 
 
