@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -61,13 +61,13 @@ _DISCOVERY_TIMEOUT_S = 30.0
 class KubeSetup:
     """What the demo installed: the pods (name → ``ip:port``) and the chart's ``picker serve`` made local."""
 
-    port: int
+    port: int  # the pool's target port, where every pod's server listens
+    hosts: list[str]  # the pods' IPs
     pods: dict[str, str]
     picker_argv: list[str]
     picker_env: dict[str, str]
     grpc_port: int
     metrics_port: int
-    hosts: list[str] = field(default_factory=list)
 
     @property
     def backends(self) -> list[tuple[str, int]]:
@@ -99,7 +99,7 @@ def chart_argv(args: Sequence[str], ports: Mapping[str, int], config_dir: Path) 
 
 
 def install(cp: cluster.ControlPlane, plan: demo.DemoPlan, root: Path) -> KubeSetup:
-    """The chart, the model-server pods and the chart's ``picker serve`` command line (section 2 and 3 above)."""
+    """The chart, the model-server pods and the chart's ``picker serve`` command line (steps 2 and 3 above)."""
     hosts = pod_hosts(plan.sims)
     (port,) = procs.free_ports(1, hosts=hosts)
     cp.create_namespace(NAMESPACE)
@@ -132,7 +132,7 @@ def install(cp: cluster.ControlPlane, plan: demo.DemoPlan, root: Path) -> KubeSe
     match = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
     chart_pods = cp.get("pods", "-n", NAMESPACE, "-l", match)["items"]
     env = {"NAMESPACE": NAMESPACE, "POD_NAME": chart_pods[0]["metadata"]["name"] if chart_pods else EPP}
-    return KubeSetup(port, pods, argv, env, grpc_port, metrics_port, hosts)
+    return KubeSetup(port, hosts, pods, argv, env, grpc_port, metrics_port)
 
 
 def run(args: argparse.Namespace) -> int:
