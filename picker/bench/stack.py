@@ -29,16 +29,25 @@ async def sims(
     name: str = "sims",
     extra: Sequence[str] = (),
     preset: str = "h100-8b",
+    hosts: Sequence[str] = (),
 ) -> AsyncIterator[procs.Child]:
-    """``picker sim`` (``preset``; ``num_gpu_blocks`` None: the preset's) on ``ports``, one process; ready when
-    every port answers /health."""
-    argv = [*procs.picker_command(), "sim", "--preset", preset, "--ports", ",".join(map(str, ports))]
+    """``picker sim`` (``preset``; ``num_gpu_blocks`` None: the preset's) on ``ports`` of 127.0.0.1, or with
+    ``hosts`` one server per address on the one port in ``ports``; one process, ready when every server answers
+    /health."""
+    argv = [*procs.picker_command(), "sim", "--preset", preset]
+    if hosts:
+        (port,) = ports
+        argv += ["--hosts", ",".join(hosts), "--port", str(port)]
+        addresses = [(host, port) for host in hosts]
+    else:
+        argv += ["--ports", ",".join(map(str, ports))]
+        addresses = [("127.0.0.1", port) for port in ports]
     if num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks", str(num_gpu_blocks)]
     argv += ["--seed", str(seed), *extra]
     async with procs.spawn(name, argv, on_start=on_start) as child:
-        for port in ports:
-            await child.wait_http(f"http://127.0.0.1:{port}/health", 30.0)
+        for host, port in addresses:
+            await child.wait_http(f"http://{host}:{port}/health", 30.0)
         yield child
 
 

@@ -6,6 +6,7 @@
     picker sim --preset fast --count 4 --base-port 9000 --kv-events-port 5557      # KV events, per-pod PUB
     picker sim --preset fast --count 4 --zmq-endpoint tcp://127.0.0.1:5557         # ... dialling picker
     picker sim --ports 9001,9002,9003 --sidecar-ports 0,0,9103 --prefillers 127.0.0.1:9001,127.0.0.1:9002
+    picker sim --hosts 127.0.0.2,127.0.0.3 --port 8000                           # one server per address (pod IPs)
 
 Every server plays both P/D roles, by request (``kv_transfer_params``); ``--sidecar-ports`` puts llm-d's routing
 sidecar (``sidecar.py``) in front of the servers that decode: a request to port 9103 naming a prefiller in
@@ -35,7 +36,7 @@ from picker.sim.faults import ERROR_TYPES, METRICS_MODES, Faults
 from picker.sim.server import KVEventsOptions, ServerConfig, SimServer
 from picker.sim.sidecar import RoutingSidecar, SidecarConfig
 
-__all__ = ["configure", "engine_config", "kv_events", "ports", "run", "serve", "sidecar_configs"]
+__all__ = ["configure", "engine_config", "hosts", "kv_events", "ports", "run", "serve", "sidecar_configs"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=port_arg, default=8000, help="single port (default 8000)")
     g.add_argument("--ports", help="comma-separated ports, one server each")
     g.add_argument("--count", type=int, help="number of servers on consecutive ports from --base-port")
+    g.add_argument(
+        "--hosts",
+        help="comma-separated addresses, one server each on --port, named sim-<host>:<port> (like pods sharing a "
+        "container port; picker demo --kube)",
+    )
     g.add_argument("--base-port", type=port_arg, default=8000)
     g.add_argument("--duration-s", type=units.above(0), help="exit after this many seconds")
     g.add_argument("--max-body-bytes", type=units.at_least(1), default=8 * 1024 * 1024)
@@ -134,6 +140,19 @@ def ports(args: argparse.Namespace) -> list[int]:
         out = [args.port]
     if len(set(out)) != len(out) or any(not 0 <= p < 65536 for p in out):
         raise ValueError(f"ports must be distinct and in [0, 65535]: {out}")
+    return out
+
+
+def hosts(args: argparse.Namespace, port_list: list[int]) -> list[str]:
+    """The address of each server: ``--host`` for every port, or with ``--hosts`` one server per address, all on
+    the one port (``port_list`` is then repeated by the caller)."""
+    if not args.hosts:
+        return [args.host] * len(port_list)
+    out = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"--hosts must be distinct addresses, got {args.hosts!r}")
+    if len(port_list) != 1 or args.sidecar_ports:
+        raise ValueError("--hosts runs one server per address on one --port (not with --ports, --count or sidecars)")
     return out
 
 
@@ -285,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         port_list = ports(args)
+        host_list = hosts(args, port_list)
+        port_list = port_list * len(host_list) if args.hosts else port_list
         config = engine_config(args)
         faults = _faults(args)
         kv = [kv_events(args, i) for i in range(len(port_list))]
@@ -294,8 +315,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     server_configs = [
         ServerConfig(
-            host=args.host,
+            host=host_list[i],
             port=port,
+            name=f"sim-{host_list[i]}:{port}" if args.hosts else None,
             max_body_bytes=args.max_body_bytes,
             faults=faults,
             fault_seed=args.seed + i,

@@ -1,7 +1,8 @@
 """``picker demo --short`` end to end (simulated servers, picker, the real Envoy): picker ahead of round robin, and
 nothing left running afterwards — after success, after a failing child, after Ctrl-C.
 
-Each demo runs in a session of its own, so "nothing left" is checked as "no process in that session".
+Each demo runs in a session of its own, so "nothing left" is checked as "no process in that session"
+(``assert_nothing_left``).
 """
 
 from __future__ import annotations
@@ -16,29 +17,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.e2e.procs import finish_demo
+from tests.e2e.procs import assert_nothing_left, finish_demo
 
 pytestmark = pytest.mark.e2e
 
 DEMO = [sys.executable, "-m", "picker.cli", "demo", "--short"]
-
-
-def session_members(sid: int) -> list[str]:
-    """Command lines of live (non-zombie) processes in session ``sid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        state, session = fields[0], int(fields[3])
-        if session == sid and state != "Z":
-            found.append(f"{entry.name}: {cmdline}")
-    return found
 
 
 def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -50,15 +33,6 @@ def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) ->
         start_new_session=True,
         env=env,
     )
-
-
-def assert_nothing_left(sid: int) -> None:
-    for _ in range(50):  # children are reaped by the demo before it exits; allow the kernel a moment
-        left = session_members(sid)
-        if not left:
-            return
-        time.sleep(0.1)
-    pytest.fail(f"processes left behind: {left}")
 
 
 def test_short_demo_shows_picker_ahead_of_round_robin_and_cleans_up(tmp_path: Path) -> None:

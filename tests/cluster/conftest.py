@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.controlplane import ControlPlane, running_control_plane
+from picker.bench.cluster import ControlPlane, running_control_plane
 
 
 @pytest.fixture(scope="package")

@@ -25,8 +25,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from picker.bench.cluster import ControlPlane
 from picker.bench.procs import Child, free_ports, picker_command, spawn, wait_http
-from tests.cluster.controlplane import ControlPlane, tool
 from tests.deploy._tools import CHART
 
 RELEASE = "demo"
@@ -35,16 +35,7 @@ POOL = RELEASE  # the chart's InferencePool
 
 
 def helm(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [str(tool("helm")), "--kubeconfig", str(cp.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        pytest.fail(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
-    return proc
+    return cp.helm(*args, check=check)
 
 
 @contextlib.contextmanager

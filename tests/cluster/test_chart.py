@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from picker.bench.cluster import ControlPlane
 from picker.discovery.rbac import rules_for
-from tests.cluster.controlplane import ControlPlane
 from tests.cluster.stack import EPP, RELEASE, helm
 from tests.deploy._tools import CHART
 from tests.deploy.test_chart import ACTIVE_ACTIVE, BASE, V1ALPHA2, ie, merged

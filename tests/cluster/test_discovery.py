@@ -17,9 +17,9 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2
 
+from picker.bench.cluster import ControlPlane
 from picker.discovery.leaderelection import lease_name
 from picker.procutil import free_ports
-from tests.cluster.controlplane import ControlPlane
 from tests.cluster.stack import (
     EPP,
     POOL,

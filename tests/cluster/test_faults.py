@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
+from picker.bench.cluster import ControlPlane
 from picker.procutil import free_ports
-from tests.cluster.controlplane import ControlPlane
 from tests.cluster.stack import Picker, eventually, namespace, picker_serve, pool_values, release, sims
 
 pytestmark = pytest.mark.timeout(180)

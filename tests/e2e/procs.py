@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -22,7 +23,19 @@ from picker.bench import envoy
 from picker.bench.envoy import envoy_binary
 from picker.bench.procs import free_port, stop_process, wait_http
 
-__all__ = ["envoy_binary", "free_port", "picker_binary", "run_envoy", "run_picker", "stop_process", "wait_http"]
+__all__ = [
+    "assert_nothing_left",
+    "envoy_binary",
+    "finish_demo",
+    "free_port",
+    "picker_binary",
+    "run_demo",
+    "run_envoy",
+    "run_picker",
+    "session_members",
+    "stop_process",
+    "wait_http",
+]
 
 
 def picker_binary() -> list[str]:
@@ -86,3 +99,31 @@ def finish_demo(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, s
         raw, _ = proc.communicate()
         pytest.fail(f"the demo did not finish in {timeout_s:g} s:\n{raw.decode(errors='replace')[-4000:]}")
     return proc.returncode, raw.decode(errors="replace")
+
+
+def session_members(sid: int) -> list[str]:
+    """Command lines of live (non-zombie) processes in session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def assert_nothing_left(sid: int) -> None:
+    """No live process is left in session ``sid`` (a demo started with ``start_new_session``), within 5 s."""
+    for _ in range(50):  # children are reaped by the demo before it exits; allow the kernel a moment
+        left = session_members(sid)
+        if not left:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"processes left behind: {left}")

@@ -8,6 +8,8 @@ import asyncio
 import aiohttp
 import pytest
 
+from picker.bench import stack as stack_procs
+from picker.procutil import free_ports
 from picker.sim import cli
 from picker.sim.config import preset
 from picker.sim.server import ServerConfig, SimServer
@@ -27,6 +29,34 @@ def test_ports_forms() -> None:
     for bad in (("--ports", "8001,8001"), ("--ports", "x"), ("--count", "0"), ("--ports", "70000")):
         with pytest.raises(ValueError, match=r"ports|count"):
             cli.ports(parse(*bad))
+
+
+def test_hosts_flag() -> None:
+    assert cli.hosts(parse("--ports", "8001,8002"), [8001, 8002]) == ["127.0.0.1", "127.0.0.1"]
+    assert cli.hosts(parse("--hosts", "127.0.0.2, 127.0.0.3", "--port", "9000"), [9000]) == ["127.0.0.2", "127.0.0.3"]
+    with pytest.raises(ValueError, match="distinct"):
+        cli.hosts(parse("--hosts", "127.0.0.2,127.0.0.2"), [8000])
+    with pytest.raises(ValueError, match="one --port"):
+        cli.hosts(parse("--hosts", "127.0.0.2", "--ports", "8001,8002"), [8001, 8002])
+
+
+async def test_hosts_serve_one_server_per_address_on_one_port() -> None:
+    """``--hosts``: pods sharing a container port, each named by its address (``x-backend``)."""
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    (port,) = free_ports(1, hosts=hosts)
+    started: list[str] = []
+    async with (
+        stack_procs.sims(
+            [port], num_gpu_blocks=None, seed=0, on_start=lambda c: started.append(c.name), hosts=hosts, preset="fast"
+        ),
+        aiohttp.ClientSession() as http,
+    ):
+        for host in hosts:
+            body = {"prompt": "hi", "max_tokens": 2}
+            async with http.post(f"http://{host}:{port}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-backend"] == f"sim-{host}:{port}"
+    assert started == ["sims"]
 
 
 def test_engine_config_from_flags() -> None:
@@ -62,6 +92,7 @@ def test_kv_event_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_run_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.run(parse("--ports", "1,1")) == 2
     assert cli.run(parse("--failure-types", "nope")) == 2
+    assert cli.run(parse("--hosts", "127.0.0.2", "--count", "2")) == 2
     assert "picker sim" in capsys.readouterr().err
 
 

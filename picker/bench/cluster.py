@@ -1,10 +1,11 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, scheduler and kwok.
 
-The binaries are those scripts/install-kube.sh builds into .tools/bin (Kubernetes 1.34.4, etcd 3.6.4, kwok 0.7.0).
-Every server listens on 127.0.0.1 on a free port; kwok gives the pods it runs addresses in ``127.1.0.0/16`` and the
-node 127.0.0.1, so nothing a test discovers is ever outside loopback. There is no kubelet: pods bound to the kwok
-node are marked Running by kwok; a model-server pod faked by a test gets the loopback address of a real server
-(``ControlPlane.fake_pod``). The upstream CRDs come from ``shared/third_party`` beside the checkout.
+Used by ``picker demo --kube`` and by the ``kube`` tests (tests/cluster). The binaries are those
+scripts/install-kube.sh builds into .tools/bin (Kubernetes 1.34.4, etcd 3.6.4, kwok 0.7.0; helm comes from
+scripts/install-tools.sh). Every server listens on 127.0.0.1 on a free port; kwok gives the pods it runs addresses in
+``127.1.0.0/16`` and the node 127.0.0.1, so nothing discovered is ever outside loopback. There is no kubelet: pods
+bound to the kwok node are marked Running by kwok; a faked model-server pod gets the loopback address of a real
+server (``ControlPlane.fake_pod``). The upstream CRDs come from ``shared/third_party`` beside the checkout.
 """
 
 from __future__ import annotations
@@ -23,20 +24,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import pytest
 import yaml
 
 from picker.procutil import die_with_parent, free_ports
+
+__all__ = [
+    "BINARIES",
+    "ClusterError",
+    "ControlPlane",
+    "ToolsMissing",
+    "crd_files",
+    "kubeconfig_text",
+    "missing_tools",
+    "require_tools",
+    "running_control_plane",
+    "third_party_dir",
+    "tool",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS_BIN = REPO / ".tools" / "bin"
 KUBE_VERSION = "v1.34.4"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+HELM = "helm"  # installed by scripts/install-tools.sh
 NODE = "kwok-node"
 POD_CIDR = "127.1.0.0/16"  # kwok's pod addresses: loopback, never a routable range
 SERVICE_CIDR = "10.0.0.0/24"  # ClusterIPs are only ever written to objects; nothing here connects to one
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 _READY_TIMEOUT_S = 60.0
+
+
+class ClusterError(RuntimeError):
+    """The control plane, or a command run against it, failed; the message carries the command's output."""
+
+
+class ToolsMissing(ClusterError):
+    """A control-plane binary (or helm) is not built; the message names the script that builds it."""
+
+
+def missing_tools(names: Sequence[str] = (*BINARIES, HELM)) -> list[str]:
+    """Which of ``names`` are not in .tools/bin."""
+    return [name for name in names if not (TOOLS_BIN / name).exists()]
+
+
+def require_tools(names: Sequence[str] = (*BINARIES, HELM)) -> None:
+    """Raise ``ToolsMissing`` naming the missing tools and the command(s) that build them."""
+    missing = missing_tools(names)
+    if not missing:
+        return
+    if HELM in missing:
+        how = "`bash scripts/install-tools.sh` (it installs helm and runs scripts/install-kube.sh"
+    else:
+        how = "`bash scripts/install-kube.sh` (scripts/install-tools.sh runs it too"
+    raise ToolsMissing(
+        f"the local control plane tools are not built ({', '.join(missing)} missing in {TOOLS_BIN}): run {how}; "
+        "a cold build of the control plane takes about 20 minutes on 2 cores, cached by version afterwards)"
+    )
 
 
 def third_party_dir() -> Path:
@@ -45,7 +88,10 @@ def third_party_dir() -> Path:
         candidate = parent / "shared" / "third_party"
         if candidate.is_dir():
             return candidate
-    pytest.fail(f"shared/third_party (the upstream CRDs) not found beside {REPO} or a parent folder")
+    raise ClusterError(
+        f"shared/third_party (the upstream InferencePool CRDs, gie-crds/ and llm-d-crds/) not found beside {REPO} "
+        "or a parent folder"
+    )
 
 
 def crd_files() -> dict[str, Path]:
@@ -60,10 +106,9 @@ def crd_files() -> dict[str, Path]:
 
 
 def tool(name: str) -> Path:
-    path = TOOLS_BIN / name
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run `bash scripts/install-kube.sh` (CI runs it via scripts/install-tools.sh)")
-    return path
+    """The path of a built tool; ``ToolsMissing`` when it is not there."""
+    require_tools((name,))
+    return TOOLS_BIN / name
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -192,7 +237,20 @@ class ControlPlane:
             [str(tool("kubectl")), *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout_s
         )
         if check and proc.returncode != 0:
-            pytest.fail(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+            raise ClusterError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+        return proc
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Real helm against this control plane, as the admin."""
+        proc = subprocess.run(
+            [str(tool(HELM)), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
         return proc
 
     def apply(self, objects: Sequence[Mapping[str, Any]] | Mapping[str, Any], *, namespace: str | None = None) -> None:
@@ -209,7 +267,7 @@ class ControlPlane:
         deadline = time.monotonic() + 30
         while self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
             if time.monotonic() > deadline:
-                pytest.fail(f"namespace {name}: no default ServiceAccount after 30 s")
+                raise ClusterError(f"namespace {name}: no default ServiceAccount after 30 s")
             time.sleep(0.1)
 
     def delete_namespace(self, name: str) -> None:
@@ -319,9 +377,11 @@ class ControlPlane:
         while not ok():
             for proc in self.procs.values():
                 if proc.proc is not None and proc.proc.poll() is not None:
-                    pytest.fail(f"{proc.name} exited {proc.proc.returncode} while waiting for {what}:\n{proc.tail()}")
+                    raise ClusterError(
+                        f"{proc.name} exited {proc.proc.returncode} while waiting for {what}:\n{proc.tail()}"
+                    )
             if time.monotonic() > deadline:
-                pytest.fail(f"{what} not ready after {timeout_s:.0f} s")
+                raise ClusterError(f"{what} not ready after {timeout_s:.0f} s")
             time.sleep(0.1)
 
     def _etcd_ready(self) -> bool:
@@ -416,9 +476,9 @@ class ControlPlane:
 
 @contextlib.contextmanager
 def running_control_plane() -> Iterator[ControlPlane]:
-    """Start the whole control plane in a temporary folder; stop every process and remove the folder after."""
-    for name in BINARIES:
-        tool(name)
+    """Start the whole control plane in a temporary folder; stop every process and remove the folder after
+    (also when the block fails or is interrupted)."""
+    require_tools(BINARIES)
     root = Path(tempfile.mkdtemp(prefix="picker-kube-"))
     etcd_port, apiserver_port = free_ports(2)
     cp = ControlPlane(root, etcd_port, apiserver_port)
