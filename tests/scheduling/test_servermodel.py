@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 import math
 
 import pytest
@@ -74,11 +74,19 @@ def _report(i: int, waiting: int, running: int, at: float, kv: float = 0.0) -> E
     return endpoint(i, waiting=waiting, running=running, kv=kv, updated_at=at)
 
 
+def _reports(model: ServerModel, times: tuple[float, ...], *pool: tuple[int, int, int, float]) -> None:
+    """Reports of ``pool`` ((server, waiting, running, kv)) at ``times``, one of picker's requests finishing on
+    each server between two reports (a slot freed and taken again)."""
+    for t in times:
+        model.observe_reports([_report(i, w, r, t, kv=kv) for i, w, r, kv in pool])
+        for i, *_ in pool:
+            model.observe_done(_report(i, 0, 0, 0.0).key)
+
+
 def test_capacity_is_the_most_a_server_ran_seen_there_with_a_queue_in_several_reports() -> None:
     model = ServerModel(ctx())
     assert model.capacity(_report(1, 0, 0, 1000.0).key) == 0  # nothing learned: no limit
-    for t in (999.7, 999.8, 999.9):
-        model.observe_reports([_report(1, 3, 12, t), _report(2, 0, 5, t), _report(3, 2, 40, t, kv=0.95)])
+    _reports(model, (999.7, 999.8, 999.9), (1, 3, 12, 0.0), (2, 0, 5, 0.0), (3, 2, 40, 0.95))
     key1, key2, key3 = (_report(i, 0, 0, 0.0).key for i in (1, 2, 3))
     assert model.capacity(key1) == 12
     assert model.capacity(key2) == 12  # no limit of its own: the pool's
@@ -86,6 +94,19 @@ def test_capacity_is_the_most_a_server_ran_seen_there_with_a_queue_in_several_re
     model.observe_reports([_report(1, 3, 12, 999.9)])  # the same report again counts once
     model.observe_reports([_report(1, 0, 16, 1000.0)])  # it ran more: 16, not yet a limit
     assert model.capacity(key1) == 0  # no limit known in the pool any more: none
+
+
+def test_a_queue_that_no_finished_request_drained_is_no_slot_limit() -> None:
+    # One long step (a prompt of thousands of tokens) holds a server's state for many reports: the same running
+    # count with a queue, report after report, but no slot freed in between.
+    model = ServerModel(ctx())
+    for t in (999.5, 999.6, 999.7, 999.8, 999.9):
+        model.observe_reports([_report(1, 4, 5, t)])
+    key = _report(1, 0, 0, 0.0).key
+    assert model.capacity(key) == 0
+    model.observe_done(key)  # a slot freed, and the next report still shows the queue at 5: evidence, once
+    model.observe_reports([_report(1, 4, 5, 1000.0)])
+    assert model.capacity(key) == 0
 
 
 def test_a_queue_while_the_batch_grows_is_no_slot_limit() -> None:
@@ -99,8 +120,7 @@ def test_a_queue_while_the_batch_grows_is_no_slot_limit() -> None:
 def test_a_full_server_of_long_answers_waits_longer_than_one_of_short_answers() -> None:
     c = ctx()
     model = ServerModel(c)
-    for t in (999.8, 999.9):
-        model.observe_reports([_report(1, 1, 2, t), _report(2, 1, 2, t)])
+    _reports(model, (999.7, 999.8, 999.9), (1, 1, 2, 0.0), (2, 1, 2, 0.0))
     longs, shorts = endpoint(1, waiting=1, running=2), endpoint(2, waiting=1, running=2)
     model.observe_reports([longs, shorts])
     now = c.clock()
@@ -116,15 +136,26 @@ def test_a_full_server_of_long_answers_waits_longer_than_one_of_short_answers() 
     assert found[1].ttft_s < found[0].ttft_s
 
 
-def test_the_prefill_rate_is_the_median_of_what_first_tokens_showed() -> None:
+def test_the_prefill_rate_is_a_line_through_what_first_tokens_showed_resistant_to_queues() -> None:
     model = ServerModel(ctx())
-    predicted = Estimate(ttft_s=0.0, tpot_s=0.01, fixed_s=0.01, prefill_tokens=100.0, speed=1.0)
-    for ttft in (0.11, 0.21, 5.0):  # 1 ms, 2 ms, 50 ms per token: the median is 2 ms
-        model.observe_first_token(ttft, predicted)
-    assert model.s_per_token == pytest.approx(0.002)
-    model.observe_first_token(9.0, dataclasses.replace(predicted, slot_wait_s=1.0))  # a slot wait: not a rate
-    model.observe_first_token(9.0, dataclasses.replace(predicted, prefill_tokens=2.0))  # too few tokens
-    assert model.s_per_token == pytest.approx(0.002)
+    predicted = Estimate(ttft_s=0.0, tpot_s=0.01, fixed_s=0.01, prefill_tokens=100.0, speed=1.0, own_tokens=100.0)
+    for i in range(30):  # 0.035 s per prefill plus 0.1 ms per token, every seventh first token a second late
+        tokens = 100.0 * (1 + i % 10)
+        late = 1.0 if i % 7 == 3 else 0.0
+        model.observe_first_token(
+            0.01 + 0.035 + 1e-4 * tokens + late, replace(predicted, prefill_tokens=tokens, own_tokens=tokens)
+        )
+    assert model.s_per_token == pytest.approx(1e-4, rel=0.1)
+    assert model.prefill_base_s == pytest.approx(0.035, abs=0.01)
+    before = model.s_per_token
+    model.observe_first_token(9.0, replace(predicted, slot_wait_s=1.0))  # a slot wait: not a rate
+    model.observe_first_token(9.0, replace(predicted, prefill_tokens=2.0, own_tokens=2.0))  # too few tokens
+    model.observe_first_token(9.0, replace(predicted, prefill_tokens=5000.0))  # mostly others' prompts: not its own
+    assert model.s_per_token == before
+
+
+def test_prompts_alike_give_the_median_rate_through_the_origin() -> None:
+    assert servermodel.resistant_line([(100.0, 0.1), (100.0, 0.2), (100.0, 5.0)]) == (pytest.approx(0.002), 0.0)
 
 
 def test_an_adapter_that_cannot_load_waits_for_one_to_drain() -> None:

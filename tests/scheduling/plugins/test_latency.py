@@ -37,14 +37,21 @@ def _pool(waiting: tuple[int, ...], running: int = 4, at: float = 1000.0) -> lis
 
 
 def _scraped(scheduler: Scheduler | latency.LatencyScorer, waiting: tuple[int, ...]) -> list[Endpoint]:
-    """The pool as three scrapes reported it (a queue seen at the same batch in several reports is a slot limit)."""
+    """The pool as three scrapes reported it, a request of picker's finishing on each server between two (a queue
+    seen at the same batch while slots free and fill again is a slot limit)."""
+    scorer = scheduler if isinstance(scheduler, latency.LatencyScorer) else _latency_scorer(scheduler)
     for at in (999.8, 999.9):
         pool = _pool(waiting, at=at)
-        if isinstance(scheduler, Scheduler):
-            scheduler.schedule(request(), pool)
-        else:
-            scheduler.score(request(), pool, CycleState())
+        scorer.score(request(), pool, CycleState())
+        for e in pool:
+            scorer.model.observe_done(e.key)
     return _pool(waiting)
+
+
+def _latency_scorer(scheduler: Scheduler) -> latency.LatencyScorer:
+    found = [p for p in scheduler.config.plugins.values() if isinstance(p, latency.LatencyScorer)]
+    assert len(found) == 1
+    return found[0]
 
 
 def test_a_burst_fills_the_idle_server_until_its_queue_reaches_the_others() -> None:
@@ -140,12 +147,14 @@ def test_under_load_a_cached_prompt_stays_where_it_is_cached_despite_a_backlog()
     scorer = latency.LatencyScorer("l", latency.Params.model_validate({"prefixFrom": ""}), c)
     holder, idle = endpoint(1, own_requests=0), endpoint(2, own_requests=0)
     scorer._prefix = _HeldBy(holder, 2048.0)
-    c.inflight.acquire(holder.key, 5000, c.clock(), prefill_tokens=5000)  # 0.5 s of prefill ahead there
+    lease = c.inflight.acquire(holder.key, 5000, c.clock(), prefill_tokens=5000)  # 0.5 s of prefill ahead there
     req = request(prompt_tokens=2048, max_tokens=8, fixed_output=True)
     quiet = scorer.score(req, [holder, idle], CycleState())
     assert quiet[idle] > quiet[holder]  # few arrivals: computing the prompt on the idle server is quicker
-    for _ in range(200):  # picker routes 100 requests a second
+    c.inflight.release(lease)
+    for i in range(200):  # picker routes 100 requests a second, half to each
         c.clock.advance(0.01)  # type: ignore[attr-defined]
-        scorer.model.observe_arrival(c.clock())
+        scorer.model.observe_arrival(c.clock(), (holder, idle)[i % 2].key)
+    c.inflight.acquire(holder.key, 5000, c.clock(), prefill_tokens=5000)  # the same backlog, routed just now
     busy = scorer.score(req, [holder, idle], CycleState())
     assert busy[holder] > busy[idle]  # the prefill would delay every request arriving at the idle server behind it
