@@ -94,7 +94,7 @@ def test_no_docstring_or_comment_quotes_lab_results() -> None:
         "multi-turn 80 req/s 3.8 → 3.1 s p90 in the lab",
         "a server 15x slower for 70 s took 191 of the ~200 requests of a 10 s window",
         "a 100x server took 42 of 1,500 requests at 100 req/s, now 2",
-        "(docs/scheduling.md, \"Tried in a seventh session of 2026-12-05\")",
+        '(docs/scheduling.md, "Tried in a seventh session of 2026-12-05")',
         "live through the real Envoy 96 and 91 ms (seeds 0 and 1)",
         "weighing every prompt cost 5-11 % on multi-turn",
         "would cache them (docs/scheduling.md, issue 13)",
