@@ -119,3 +119,27 @@ def test_patterns_catch_lab_results(text: str) -> None:
 )
 def test_patterns_spare_parameter_docs(text: str) -> None:
     assert not any(p.search(" ".join(text.split())) for p in PATTERNS.values()), text
+
+
+_SECTION_LINK = re.compile(r'\b(docs/[\w-]+\.md)(?:,| has| says)?\s*\(?"([^"]+)"')
+
+
+def section_links(path: Path) -> list[tuple[int, str, str]]:
+    """(line, doc, section) of every ``docs/X.md, "Section"`` in ``path``'s docstrings and comments."""
+    return [(line, *link) for line, text in _texts(path) for link in _SECTION_LINK.findall(" ".join(text.split()))]
+
+
+def headings(doc: Path) -> list[str]:
+    return [line.lstrip("#").strip() for line in doc.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
+
+
+def test_section_links_name_a_heading() -> None:
+    """A section a docstring or comment points to is (the start of) a heading of that doc."""
+    links = [(path, *link) for path in sorted(PACKAGE.rglob("*.py")) for link in section_links(path)]
+    assert len(links) >= 10  # the pattern reads the links the code has
+    broken = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {doc}, {section!r}"
+        for path, line, doc, section in links
+        if not any(h.startswith(section) for h in headings(PACKAGE.parent / doc))
+    ]
+    assert not broken, "links to sections that do not exist:\n" + "\n".join(broken)
