@@ -8,31 +8,25 @@ pools of production (the lab report).
     picker bench lab-eval --workloads shared-prefix --scenarios plain --config candidate.yaml   # a candidate
     picker bench lab-eval --workloads seed-mix --jobs 2          # servers that run out of slots (docs/lab.md)
 
-The ``seed-mix`` group (``--workloads seed-mix``) runs the seed's mix on 4 servers of 16 sequences each (``cpu``,
-``gpu-bounded``, a mixed pool), open loop across the knee and closed loop at 1, 4 and 8 streams, and reports the
-mix's short-request TTFT, long-answer TPOT and e2e besides (docs/lab.md). The ``standard`` group:
-four workloads (``EVAL_WORKLOADS``), each on 8 simulated ``h100-8b`` engines, under seven scenarios
-(``SCENARIOS``): ``plain`` (one picker sees every request) at a ladder of rates around round robin's knee and past
-it, and at two rates each (one below the knee, one past it) the pools picker really runs in: 30 % of the traffic
-bypassing the routers (spread over the servers, or all onto one), every router restarting mid-run with the queues
-full, one server 2.5x slower than the rest, and 2 or 4 independent router replicas. Every policy sees the same
-requests at the same times (one seed). For each point it prints the lab's table and the ratios: picker's p90 TTFT
-against the best other policy's (the lowest p90 among the others) and against round robin's. ``--json`` writes
-every run's summary and the ratios; ``--png`` p90 TTFT against the rate per workload (plain) and per scenario.
-``--jobs`` runs points in parallel processes (the numbers do not change: each run is deterministic).
-``--cache DIR`` keeps every run and reuses it while nothing it depends on changed (picker's source, the config
-file, the point): a candidate configuration is then measured against the baselines in the time of its own runs.
-``--seeds 0,1,2`` runs every point at each seed (other requests, other arrival times) and takes the ratios of the
-p90s averaged over them: one seed's p90 at a point past the knee moves by 10 % or more from seed to seed, so a
-policy is compared on the mean; it prints the count of points within 2 % per seed and on the mean. The tables,
-``--png`` and ``--markdown``'s p90 tables are the first seed's runs; the ratios everywhere are the mean's. With
-several seeds each point also says at how many seeds picker was more than 2 % behind the best policy on the
-mean, and, from 5 seeds, the 95 % bootstrap interval of the ratio (the seeds resampled 2,000 times, each keeping
-both policies' runs): a point outside 2 % whose interval still reaches the line is ``undecided`` (another draw of
-seeds could put it within), one whose interval lies wholly below is ``no``. The count stays the mean's.
-``--settle-seeds N`` then runs every policy again at the points whose interval reaches across the 2 % line (on
-either side of it), at further seeds until each has ``N``, and takes their ratios over all of them.
-The numbers and what they mean are in docs/performance.md ("Scheduling: policy lab") and docs/scheduling.md.
+Workload groups (docs/lab.md): ``standard``, four workloads (``EVAL_WORKLOADS``) on 8 simulated ``h100-8b``
+engines under the ``SCENARIOS``: ``plain`` (one picker sees every request) at a ladder of rates around round
+robin's knee and past it, and at one rate below the knee and one past it the pools picker really runs in (traffic
+bypassing the routers, spread or onto one server; routers restarting with full queues; one slow server; 2 or 4
+independent router replicas). ``seed-mix`` runs the seed's mix on 4 servers of 16 sequences (``cpu``,
+``gpu-bounded``, a mixed pool), open loop across the knee and closed loop, and reports its short-request TTFT,
+long-answer TPOT and e2e besides. Every policy sees the same requests at the same times.
+
+For each point it prints the lab's table and the ratios of picker's p90 TTFT to the best other policy's and to
+round robin's; a point is met within 2 % of the best (``WITHIN``). ``--json`` writes every run's summary and the
+ratios, ``--png`` p90 TTFT against the rate, ``--markdown`` the tables. ``--jobs`` runs points in parallel
+processes (each run is deterministic). ``--cache DIR`` reuses a run while nothing it depends on changed (picker's
+source, the config file, the point). ``--seeds`` runs every point at each seed and takes the ratios of the p90s
+averaged over them, since a single seed's p90 past the knee varies; the tables are the first seed's runs. With
+several seeds each point also says at how many seeds picker was outside 2 %, and from ``MIN_SEEDS_FOR_INTERVAL``
+seeds the 95 % bootstrap interval of the ratio (seeds resampled ``_RESAMPLES`` times): a point outside 2 % whose
+interval reaches the line is ``undecided``. ``--settle-seeds N`` runs every policy again, at further seeds until
+each has ``N``, wherever the interval reaches across the line (either side). The numbers: docs/performance.md
+("Scheduling: policy lab").
 """
 
 from __future__ import annotations
@@ -103,7 +97,7 @@ BASELINE_POLICIES = (
 )
 ENGINES = 8
 PLAIN = "plain"
-WITHIN = 1.02  # issue 13's bar: a point is met when picker's p90 is at most 2 % above the best other policy's
+WITHIN = 1.02  # a point is met when picker's p90 is at most 2 % above the best other policy's
 MIN_SEEDS_FOR_INTERVAL = 5  # fewer seeds give a bootstrap interval too coarse to tell anything by
 _RESAMPLES = 2000
 LORA_ADAPTERS = ("lora-a", "lora-b", "lora-c")

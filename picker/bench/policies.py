@@ -85,8 +85,8 @@ schedulingProfiles:
 """
 
 
-# picker's first built-in default (docs/scheduling.md, "How it was chosen", candidate M): pinned so the lab keeps
-# comparing the current default with it. Its load term reads only picker's own in-flight ledger.
+# picker's first built-in default (``picker-v1``): pinned so the lab keeps comparing the current default with it.
+# Its load term reads only picker's own in-flight ledger.
 PREVIOUS_CONFIG_TEXT = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig

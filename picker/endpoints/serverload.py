@@ -26,9 +26,8 @@ the added requests waiting, the removed ones taken from waiting and running alik
 server's traffic m_e is 1 and nothing changes; with peers exchanging their ledgers (docs/ha.md) own is the pool's
 and m_e is about 1 too. Per server, not over the pool: a client that sends half the pool's traffic to one server
 does not follow picker, and there picker's share (and its own change) is small, so its own moves elsewhere are not
-read as the client's (with one m over the pool, a client sending half the traffic straight to one server doubled
-picker's sends to the others and split its prefix groups: tests/bench/test_lab_scenarios.py; the lab's numbers
-are in docs/scheduling.md). ``waiting_of``, the waiting requests alone, is not moved
+read as the client's (one m over the pool would count such a client's traffic as following picker's sends to the
+other servers: tests/bench/test_lab_scenarios.py). ``waiting_of``, the waiting requests alone, is not moved
 (``follow_own`` off; its docstring).
 
 In tokens (the unit of ``token-load-scorer``): the ledger's own tokens, plus each foreign request at the weight

@@ -1,7 +1,7 @@
 """The large-pool pre-filter: score only the k least loaded candidates plus the prefix holders.
 
-Every scorer loops over every candidate, so a cycle's cost grows with the pool (issue 13: 256 endpoints cost
-~8x of 16 in process). Before the scorers of a profile run (after its filters), a pool of more than ``k``
+Every scorer loops over every candidate, so a cycle's cost grows with the pool (docs/performance.md, "Native
+code and its pure-Python twins"). Before the scorers of a profile run (after its filters), a pool of more than ``k``
 candidates is cut to
 
     the k candidates with the fewest estimated in-flight tokens (``PluginContext.server_tokens``: picker's

@@ -1,13 +1,11 @@
 """The scrape loop's HTTP client: GET of ``/metrics`` pages over keep-alive HTTP/1.1 connections.
 
-Why not aiohttp, which picker uses everywhere else: ``picker bench scrape-parse --poll`` measured ~0.3 ms of
-picker CPU per poll through ``aiohttp.ClientSession.get``, of a ~0.4 ms poll; at 1,024 endpoints polled once a
-second that is a third of a core, in every worker. A poll needs little of a general client: one GET on a
-connection kept per endpoint, a status line, a few headers, a body of known length or chunked. This module does
-that and nothing else, on asyncio streams, with the same limits (``max_response_bytes`` for the body, 64 KiB for
-the head) and without redirects, cookies or proxies (aiohttp's session followed redirects; no metrics server
-sends one). ``https`` URLs connect with TLS and do not verify certificates (the reference's
-``insecureSkipVerify: true``), as before.
+Why not aiohttp, which picker uses everywhere else: a poll through its client costs about a third more CPU
+(docs/performance.md, "Scraping"), paid per endpoint and interval in every worker. A poll needs little of a general
+client: one GET on a connection kept per endpoint, a status line, a few headers, a body of known length or chunked.
+This module does that and nothing else, on asyncio streams, with the same limits (``max_response_bytes`` for the
+body, 64 KiB for the head) and without redirects, cookies or proxies (no metrics server sends a redirect).
+``https`` URLs connect with TLS and do not verify certificates (the reference's ``insecureSkipVerify: true``).
 
 Errors: ``ScrapeError("http", ...)`` for a status other than 200, ``("too_large", ...)`` for a page over the cap,
 ``("connect", ...)`` for an answer that is not HTTP/1.x or ends early; ``OSError`` (``ConnectionRefusedError``

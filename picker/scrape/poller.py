@@ -21,13 +21,9 @@ identity``): a vLLM server would otherwise gzip its ~50 KB page at level 9 ten t
 that streams tokens, to save in-cluster bandwidth nobody is short of. TLS certificates of ``https`` metrics URLs
 are not verified (the reference's ``insecureSkipVerify: true`` default).
 
-Cost (``picker bench scrape-parse --poll 10|50``, 46 KB vLLM page, local servers in another process): about
-0.45-0.5 ms of picker CPU per poll with aiohttp, ~0.1 ms of it parsing (docs/performance.md has the figures with
-``picker.scrape.http``). At the default 100 ms interval
-that is ~0.5 % of a core per endpoint: 10 endpoints cost 5 %, 50 cost ~23 %. The default stays at 100 ms (the
-freshness target; the reference polls every 50 ms) for pools of up to a few dozen endpoints per picker; larger
-pools should raise ``--refresh-metrics-interval``, since the cost is linear in endpoints / interval. With
-prometheus_client's parser (~12 ms per page) a single endpoint at 100 ms would already take 12 % of a core.
+Cost: linear in endpoints ÷ interval, about 0.4 % of a core per endpoint at the default 100 ms (docs/performance.md,
+"Scraping"). The default suits pools of up to a few dozen endpoints per picker (the reference polls every 50 ms);
+larger pools should raise ``--refresh-metrics-interval``.
 """
 
 from __future__ import annotations

@@ -1,125 +1,78 @@
 """prefix-cache-scorer: prefer endpoints that were recently sent the same prompt prefix (approximate).
 
-Type ``prefix-cache-scorer`` (Affinity). Inputs: the request's prompt text and target model (and body
-``cache_salt``); the index of what picker itself sent where (``prefix_index``). Score for an endpoint: the
-blocks it holds along the request's prefix walk ÷ the request's blocks (partial tail block included); a prompt
-shorter than one block scores 0 everywhere.
+Type ``prefix-cache-scorer`` (Affinity). Inputs: the request's prompt text, target model and body ``cache_salt``;
+the index of what picker itself sent where (``prefix_index``). Score for an endpoint: the blocks it holds along
+the request's prefix walk ÷ the request's blocks (partial tail block included); a prompt shorter than one block
+scores 0 everywhere.
 
 Learning (PreRequest): the request's hashes are added to the primary target and to the ``prefill`` profile's
-target, if any. With a peer exchange between picker replicas (docs/ha.md) each placement is also announced to the
-other replicas (``on_learn``), which learn it as their own (``learn_placement``).
-Nothing is learned from real cache events (that is ``precise-prefix-cache-scorer``). Endpoints
-that leave the pool are purged (``endpoints_changed``). Each cycle's match is left in the ``CycleState`` as a
-``PrefixMatch`` (under ``match_key(name)`` and ``MATCH_STATE``) for later plugins of the cycle
-(``no-hit-lru-scorer``, ``token-load-scorer``, ``picker-load-scorer``).
+target, if any; with a peer exchange between replicas (docs/ha.md) each placement is announced (``on_learn``) and
+learned by the others as their own (``learn_placement``). Nothing is learned from real cache events (that is
+``precise-prefix-cache-scorer``). Endpoints that leave the pool are purged (``endpoints_changed``). Each cycle's
+match is left in the ``CycleState`` as a ``PrefixMatch`` (under ``match_key(name)`` and ``MATCH_STATE``) for
+later plugins (``no-hit-lru-scorer``, ``token-load-scorer``, ``picker-load-scorer``).
 
-Parameters (reference names and defaults):
-``blockSizeTokens`` 16 (block = x4 characters); ``autoTune`` true (block size from the first candidate's
-``block_size`` metric, LRU capacity from its ``num_gpu_blocks``); ``maxPrefixBlocksToMatch`` 256;
-``maxPrefixTokensToMatch`` 0 (> 0 overrides the block limit); ``lruCapacityPerServer`` 31250 blocks;
-``blockSize`` (deprecated, characters; used when ``blockSizeTokens`` is not given).
+Parameters (reference names and defaults): ``blockSizeTokens`` 16 (a block is that many tokens of
+``charsPerToken`` characters); ``autoTune`` true (block size from the first candidate's ``block_size`` metric, LRU
+capacity from its ``num_gpu_blocks``); ``maxPrefixBlocksToMatch`` 256; ``maxPrefixTokensToMatch`` 0 (> 0 overrides
+the block limit); ``lruCapacityPerServer`` 31250 blocks; ``blockSize`` (deprecated, characters; used only when
+``blockSizeTokens`` is not given).
 
-picker's options (all off by default, so the reference behaviour is unchanged):
+picker's options, all off by default so the reference behaviour is unchanged (which of them picker's built-in
+default turns on, and why: docs/scheduling.md, "The default"):
 
-* ``scoreMode`` ``ratio`` (reference) | ``tokens``: score = min(1, matched_tokens / ``saturationTokens``)
-  (default 2048), with matched_tokens = P * min(1, matched_blocks * block_chars / prompt_chars) and P the
-  prompt's tokens from a ``TokenEstimator`` calibrated on responses' usage (``calibrateTokens`` true). A short
-  prompt matched whole no longer scores like a long one (the ratio's defect, GIE #2561).
-* ``charsPerToken`` 4: characters per token of a block (block = ``blockSizeTokens`` * this).
-* ``maxLoadFactor`` 0 (off; else ≥ 1): hot-prefix cap, bounded-load style. With n_e the requests e is working
-  on (``PluginContext.server_load``: picker's in-flight requests plus what the server last reported beyond
-  them, so traffic picker did not route counts; picker's ledger alone when it is the only client) and N
-  candidates, an endpoint with n_e + 1 > max(ceil(maxLoadFactor * (Σn + 1) / N), ``loadCapFloor``)
-  scores 0: the request goes elsewhere on load, and the prefix is learned there too (the hot prefix replicates).
-  ``loadCapFloor`` 1 keeps pure bounded loads, which already spread at low load; raise it to keep affinity until
-  an endpoint has that many requests in flight. The cap holds for the cold spread as well (below): a server past
-  it gets none of it. The server with the least content (one back from a slow spell, or just added) otherwise
-  took every new prefix until its cache had caught up: a server 15x slower for 70 s took 191 of the ~200
-  requests of a 10 s window after it recovered (p90 TTFT of the 30 s after 80-85 ms, least connections 59), and
-  with the cap 60-72 (59 ms).
-* ``coldSpread`` 0 (off; ≤ 1): a request whose blocks no endpoint holds scores
-  coldSpread * (1 - blocks_e / max_c blocks_c), blocks_e being the blocks picker has placed on e (all equal ⇒
-  coldSpread): new prefixes go to the endpoint with the least cached content (SGLang's smallest tree).
-* ``coldSpreadBasis`` ``held`` (default) | ``placed``: what blocks_e counts. ``held``: the blocks the index holds
-  for e, which its LRU caps at e's KV size, so once every server's cache is full (a busy pool) all are equal and
-  the spread says nothing. ``placed``: the blocks picker placed on e that e did not hold yet (what SGLang's tree
-  grows by), fading with a half-life of ``placedHalfLifeS`` (60 s; ≥ 1 s), so cold prompts keep being spread by
-  the new content each server has had to take in lately, however full the caches (session traffic far past the
-  knee: multi-turn 80 req/s 3.8 → 3.1 s p90 in the lab; it costs elsewhere, so it is not the default).
+* ``scoreMode`` ``ratio`` (reference) | ``tokens``: score = min(1, matched_tokens / ``saturationTokens`` (2048)),
+  matched_tokens = P * min(1, matched_blocks * block_chars / prompt_chars), P the prompt's tokens from a
+  ``TokenEstimator`` calibrated on responses' usage (``calibrateTokens`` true), so a short prompt matched whole
+  scores less than a long one (the ratio's defect, GIE #2561). ``charsPerToken`` 4: characters per token.
+* ``maxLoadFactor`` 0 (off; else ≥ 1) and ``loadCapFloor`` 1: a bounded-load cap on hot prefixes. With n_e the
+  requests e works on (``PluginContext.server_load``: picker's in flight plus what the server reported beyond
+  them) and N candidates, an endpoint with n_e + 1 > max(ceil(maxLoadFactor * (Σn + 1) / N), loadCapFloor) scores
+  0, affinity and cold spread alike: the request goes elsewhere and the prefix replicates there, and the server
+  with the emptiest cache (just added, back from a slow spell) does not take every new prefix at once. A floor of
+  1 is pure bounded load; raise it to keep affinity until an endpoint has that many requests.
+* ``coldSpread`` 0 (off; ≤ 1): a request whose blocks no candidate holds scores
+  coldSpread * (1 - blocks_e / max_c blocks_c), so new prefixes go to the endpoint with the least cached content
+  (SGLang's smallest tree). ``coldSpreadBasis`` says what blocks_e counts: ``held`` (default; the index's blocks
+  for e, capped at e's KV size, so all equal once every cache is full) or ``placed`` (the new blocks picker sent to
+  e, fading with a half-life of ``placedHalfLifeS``, 60 s, ≥ 1 s: still telling when caches are full).
 * ``coldSpreadSpeedFrom`` "" (off) names a plugin that rates each server's speed against the pool (a
-  ``relative-ttft-scorer``: 1 within its tolerance, k for k times slower); ``coldSpreadSpeedMaxTokens`` 32 (≥ 1;
-  two of vLLM's 16-token blocks). A cold prompt shorter than that leaves at most one full block to reuse, so its
-  spread only balances request counts: each server's blocks_e counts times its factor, and a server answering 2x
-  slower than the pool takes about half its share of them. Longer prompts are spread by content alone: their
-  spread decides where a prefix will be cached, and a server that is slow only because it is busy now should not
-  lose it (weighing every prompt cost 5-11 % on multi-turn in the lab). Without it, the spread hands a slow server
-  its full share of short requests whatever its TTFT penalty (the lab's slow-server short-long 400 req/s: 154 ms
-  p90 against least connections' 107; with it 104). picker's default names its ``relative-ttft-scorer``.
-* ``coldSpreadPlacedWhenFull`` false: once picker's index holds 90 % of a full KV cache's worth of blocks (the
-  ``num_gpu_blocks`` metric with ``autoTune``, else ``lruCapacityPerServer``) for every candidate, the blocks held
-  compare equal and say nothing, so the spread counts the blocks placed lately (as ``placed`` above, fading with
-  ``placedHalfLifeS``), each server's times its slowness factor (``coldSpreadSpeedFrom``) in whole multiples: 1
-  below 2x, so the jitter of busy queues never reorders servers a session apart. When, besides, every candidate
-  reports requests waiting and at least half of the recent prompts (a moving average over about 50) found blocks
-  on some server, the spread is sharp: coldSpread * (max - blocks_e) / (max - min), the least placed server
-  scoring the whole spread. Sessions and shared prefixes come back to where they were placed, so what a server
-  took in is work still to come, and a new session should go round the pool (SGLang's smallest tree) rather than
-  to whichever queue is shortest this instant; one-off prompts bring nothing back, and for them the load scorers'
-  view of the queues keeps its say (the lab's numbers: docs/scheduling.md); a slow server takes its share of new
-  sessions unless it answers 2x slower. picker's default turns it on. The hit
-  share is each picker's own: with several independent replicas and no peer exchange each sees a session's
-  turns that another routed as cold.
-  Where the servers' requests are nearly all picker's and its peers' (at most 10 % reported beyond them: a moving
-  average over recent cold prompts that starts at "all others'", so it takes ~100 of them to get there), the
-  sharp spread goes to the least placed server alone (the others score none of it, so the load scorers cannot
-  reorder servers a session apart), and it needs every server queueing at a quarter of the recent cold prompts
-  with every index full, not at this very one: far past the knee a scrape that caught one queue empty says
-  little. New sessions then go round the pool as SGLang's. There the pool also counts as queueing when its servers
-  report two requests waiting each on average, one queue empty or not: such a pool would fill that queue many
-  times over, and sending new sessions to the servers that drained this instant herds them onto a few, each
-  coming back for its next turns. Where
-  others fill a good part of the queues (bypassing clients, independent replicas) they fill servers the round
-  does not see, and the queues of this moment keep their say as before.
-* ``coldSpreadDebtLimit`` 0 (off; ≥ 0): where the spread counts blocks placed lately (``placed``, or
-  ``coldSpreadPlacedWhenFull`` with every index full), a candidate is owed at most this many times the cold
-  prompt's blocks below the candidates' median: whatever it missed beyond that is forgiven (its count is raised
-  to the limit), so it takes its due and then waits for its turn again. A server that took little for a while
-  (shunned as slow, just added to the pool, back from a restart) was otherwise the least placed by far, and the
-  sharp spread sent it every new session until it had caught up: a round of debt paid at once (the lab's
-  slow-server multi-turn 40 req/s: 55 requests in 8 s to the 2.5x slower server, first tokens up to 12 s late).
-  One prompt is the turn a server waits for in an orderly round, so a limit of 1 leaves a round as it was.
-  picker's default sets 1.
-* ``coldSpreadLoraFit`` false: a cold prompt for a LoRA adapter (one some candidate runs or has waiting) gets
-  no spread on a server where the adapter neither runs nor has a free slot (fewer distinct running-or-waiting
-  adapters than ``max_lora``: lora-affinity-scorer's 1.0 and 0.8), as long as one where it fits is a candidate.
-  There the request would wait for another adapter's requests to drain and that adapter to be unloaded; the
-  spread weighs 3 to LoRA affinity's 1 in picker's default, so it sent an adapter's new prompts onto servers
-  busy with another adapter, splitting adapters over servers with one slot. A base-model request is in no
-  server's adapter lists and is spread as before. picker's default turns it on.
+  ``relative-ttft-scorer``: 1 within its tolerance, k for k times slower). A cold prompt shorter than
+  ``coldSpreadSpeedMaxTokens`` (32, ≥ 1) leaves at most one block to reuse, so its spread only balances request
+  counts: blocks_e counts times e's factor and a server k times slower takes about 1/k of its share. Longer prompts
+  are spread by content alone: their spread decides where a prefix is cached, which a server slow only because it
+  is busy now should not lose.
+* ``coldSpreadPlacedWhenFull`` false: once the index holds 90 % of a full KV cache for every candidate
+  (``num_gpu_blocks`` with ``autoTune``, else ``lruCapacityPerServer``), the spread counts the blocks placed lately
+  (as ``placed``), each server's times its slowness in whole multiples (1 below 2x, so queue jitter does not
+  reorder servers). When besides every candidate reports requests waiting and at least half of the recent prompts
+  (about 50) hit some server, the spread is sharp, coldSpread * (max - blocks_e) / (max - min): sessions come back
+  where they were placed, so new ones should go round the pool, not to the shortest queue of the moment. Where the
+  servers' requests are nearly all picker's and its peers' (at most 10 % others', a moving average over cold
+  prompts that starts at "all others'"), only the least placed server scores the spread (a strict round), and the
+  pool counts as queueing when every server queued at a quarter of the recent cold prompts or the servers report
+  two waiting requests each on average. Where others fill much of the queues, the load scorers keep their say.
+  The shares are each replica's own: without the peer exchange another replica's sessions look cold.
+* ``coldSpreadDebtLimit`` 0 (off; ≥ 0): where the spread counts blocks placed lately, a candidate is owed at most
+  this many times the cold prompt's blocks below the candidates' median; the rest is forgiven, so a server that
+  took little for a while (shunned as slow, just added, restarted) takes its turn rather than every new session
+  until it has caught up. 1 leaves an orderly round as it is.
+* ``coldSpreadLoraFit`` false: a cold prompt for a LoRA adapter gets no spread on a server where the adapter
+  neither runs nor has a free slot (lora-affinity-scorer's 1.0 and 0.8) while one where it fits is a candidate:
+  there it would wait for another adapter to drain and unload. Base-model requests are spread as any.
 * ``coldSpreadHome`` false: a cold prompt of at least ``coldSpreadSpeedMaxTokens`` tokens scores the spread on
-  one candidate only, its home: the candidate whose key ranks first for the prompt's first
-  ``coldSpreadHomeTokens`` tokens (256, ≥ 1; the block hash there, or the last full block's of a shorter prompt)
-  by rendezvous hashing. Every picker computes the same home for the same prefix without telling each other, so
-  routers that cannot exchange placements (separate gateways or clusters in front of one pool, replicas without
-  the peer exchange of docs/ha.md) send a system prompt or a conversation each routed alone to the same server
-  rather than each to its own least placed one. It gives up the spread's balance: homes fall where the hash puts
-  them (a ``maxLoadFactor`` cap still takes a server past it out), and where each conversation stays with one
-  router anyway that costs more than it saves (docs/scheduling.md, "Tried in a third session of 2026-12-06";
-  off in picker's default). The large-pool pre-filter keeps the home among the candidates it scores. Ranking costs
-  a hash per candidate per cold prompt (12 µs at 1,024 candidates in C, 0.4 ms in Python); not with the peer
-  exchange, whose replicas know each other's placements (a cold prompt is then new to the whole pool, and the
-  spread balances it better).
-* ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance,
-  after SGLang's cache-aware router (which routes on load alone once max n - min n > abs and max n > rel * min n).
-  Here it is the endpoint, not the pool, that is tested: with n_e as for the cap and m the least n among the
-  candidates, an endpoint with n_e - m > balanceAbsThreshold and n_e > balanceRelThreshold * m scores 0 (no
-  affinity, no spread), so the request goes where the load scorers send it among the endpoints not that far
-  ahead. The cap above compares with the mean and waits for 3x; this compares with the least busy server and
-  acts as soon as one is far behind (a session workload far past the knee, where every holder is busy and
-  the affinity would keep feeding it). Only this scorer's score changes: an adapter's affinity (LoRA) still
-  counts, so adapters are not split, and the match is still left in the cycle, so the load scorers still
-  count the prefill a holder would save. Off by default: in the policy lab no setting helped (each moved
-  sessions off their cached server; docs/scheduling.md, "The tie-break and the imbalance rule").
+  one candidate only, the first by rendezvous hashing of its first ``coldSpreadHomeTokens`` tokens (256, ≥ 1), so
+  routers that cannot exchange placements put a prefix on the same server without telling each other. It gives
+  up the spread's balance (a ``maxLoadFactor`` cap still applies) and costs a hash per candidate per cold prompt;
+  the large-pool pre-filter keeps the home among the candidates. Replicas with the peer exchange know each
+  other's placements and do better without it (docs/performance.md, "An option for routers that cannot
+  exchange").
+* ``balanceAbsThreshold`` 0 (off; else requests > 0) and ``balanceRelThreshold`` 1.1 (≥ 1): bounded imbalance
+  after SGLang's cache-aware router, tested per endpoint: with n_e as for the cap and m the least n among the
+  candidates, an endpoint with n_e - m > abs and n_e > rel * m scores 0 here (no affinity, no spread), so the load
+  scorers place the request among the others. It acts as soon as one server is far behind, where the cap waits for
+  a multiple of the mean; LoRA affinity and the cycle's match are untouched (docs/scheduling.md, "The tie-break
+  and the imbalance rule").
 """
 
 from __future__ import annotations
@@ -483,7 +436,7 @@ class PrefixCacheScorer:
         if full:
             # Where picker sent nearly all the work, an empty queue in a pool that holds two waiting requests per
             # server is one the round has not refilled yet, not room to spare: sending new sessions there by the
-            # queue of the moment herds them onto the few servers that drained (plain multi-turn 80 req/s).
+            # queue of the moment herds them onto the few servers that drained.
             queued = all(e.metrics.waiting > 0 for e in endpoints) or (
                 own_pool and sum(e.metrics.waiting for e in endpoints) >= _QUEUED_MEAN_MIN * len(endpoints)
             )

@@ -19,7 +19,7 @@ unless ``PICKER_NATIVE=0``. The pure-Python ``py_prefix_hashes`` and ``PyPrefixI
 the fallback; ``tests/scheduling/plugins/test_native.py`` checks both equal on randomized inputs. Learning a prompt
 of 62 blocks none of which the index held, at capacity (every insert evicts), costs ~50-120 µs in Python and a few
 µs in C (``picker bench schedule --learn``): with prompts that are new (a conversation's latest turn, a RAG
-context) that was the largest single part of a request picker routes.
+context) the Python cost would be the largest single part of a request picker routes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """relative-ttft-scorer (picker's): prefer endpoints that answer as fast as the rest of the pool.
 
 Type ``relative-ttft-scorer`` (Distribution). The slow-server case that request counters get wrong: a server
-running 2-3x slower than its peers (a throttled or failing GPU, a noisy neighbour, a longer context) looks like
-any other to a queue or in-flight count until its backlog has built up, and a cached prefix keeps sending it
-work. Latency-aware routers see it at once; this scorer is picker's view of it, from the responses it relays:
+running slower than its peers (a throttled or failing GPU, a noisy neighbour, a longer context) looks like any
+other to a queue or in-flight count until its backlog has built up, and a cached prefix keeps sending it work.
+This scorer sees it in the responses picker relays:
 
 * every response gives a time to first token ``t`` and the tokens the server had to prefill ``u`` (prompt minus
   cached tokens from the response's usage; without usage, picker's own estimate at the pick);
@@ -13,35 +13,32 @@ work. Latency-aware routers see it at once; this scorer is picker's view of it, 
   sample instead, compared within classes of prefill size x output length (< 16, < 128, < 512, more tokens);
 * each response adds the sample ``t / ref[class]`` to its endpoint's last 16, of which those of the last
   ``memorySeconds`` count; the endpoint's slowness is their median (1: as fast as the pool for the same work;
-  queueing counts, an overloaded server is slow too). The median, not a mean, so one response stuck behind a
-  long prompt does not mark a server slow; the age limit, so a server that was shunned while slow and now gets a
-  request every few seconds is believed once it has recovered, not after eight more answers;
+  queueing counts, an overloaded server is slow too). The median, so one response stuck behind a long prompt does
+  not mark a server slow; the age limit, so a shunned server that now gets a request every few seconds is
+  believed as soon as it has recovered;
 * a very late first token (``t`` over 8x ``ref[class]``) is the sample as soon as it arrives (the FirstToken
-  hook, with picker's estimate of the prefill; the usage at the end takes it again if it shows another class);
-  any other response is sampled when it completes. A server 100x slower than the rest answers its first token
-  seconds late and its last one a minute later: sampled at the end, it was seen that much later and kept taking
-  about half its share (docs/scheduling.md, "Tried in a seventh session of 2026-12-05"). Taking every TTFT at the
-  first token, or every one over 2x, made the lab's points worse (queueing alone makes first tokens 2-4x late);
+  hook, with picker's estimate of the prefill; the usage at the end takes it again if it shows another class), so
+  a server that slow is seen within one TTFT, not after its slow answers end; any other response is sampled when
+  it completes, since queueing alone makes first tokens a few times late;
 * a streamed pick still waiting for its first token counts before it arrives once it has waited longer than 2x
   ``ref[class]`` and longer than the endpoint's slowness says it should: its wait so far is a sample its TTFT
-  will exceed, so it joins the window's median as that (for as long as it waits, up to ``memorySeconds``). A
-  server that stops answering, or takes a burst of work it cannot keep up with, is seen while its first tokens
-  are still missing, not seconds later when they come (a 100x server took 42 of 1,500 requests at 100 req/s,
-  now 2; docs/scheduling.md, "Tried in a session of 2026-12-06");
+  will exceed, so it joins the window's median as that (for as long as it waits, up to ``memorySeconds``), and a
+  server that stops answering, or takes more work than it can keep up with, is seen while its first tokens are
+  still missing;
 * a sample moves ``ref`` at most as one of twice ``ref`` would, so a far slower server does not become the norm
-  of its class (a 100x server read about 3x after a dozen of its own answers);
+  of its class;
 * a response that first had to load its LoRA adapter is no sample: its wait says nothing of the server's speed;
 * an endpoint with no sample in the last ``memorySeconds`` is tried again, not shunned for ever, but gradually:
-  its slowness fades toward 1 from then on, halving its distance to 1 every ``memorySeconds / 2``, and the next
-  sample starts a new window. Dropping it at once made a shunned server, still slow, the best of every spread
-  that balances by content (it had taken none for a while) and flooded it: a server 15x slower than the rest took
-  60 of the next 100 requests (docs/scheduling.md, "Tried in a sixth session of 2026-12-05").
+  its slowness fades toward 1, halving its distance to 1 every ``memorySeconds / 2``, and the next sample starts
+  a new window. Forgetting it at once would make a shunned, still slow server the best of every spread that
+  balances by content (it took none for a while) and flood it.
 
 Score: with ``ref`` the median slowness of the candidates that have one (the upper median for an even count;
 in a pool of two, the faster of them; when only one candidate has samples, a full window of them, the others
 count as 1, so a server that affinity sends everything to is still compared with the norm), ``1`` for an
 endpoint within ``(1 + tolerance) * ref`` or without samples, else ``(1 + tolerance) * ref / slowness``:
-ordinary jitter changes nothing, a server twice as slow as the pool scores about 0.6.
+ordinary jitter changes nothing, a server twice as slow as the pool scores about 0.6. How it behaves with slow
+servers: docs/scheduling.md, "The default" (Relative TTFT).
 
 Parameters: ``tolerance`` 0.25 (≥ 0), ``memorySeconds`` 30 (> 0). Inputs: the PreRequest hook (picker's
 uncached-token estimate from a prefix plugin earlier in the cycle), the FirstToken hook (TTFT), the PostResponse
@@ -86,7 +83,7 @@ _MAX_PENDING = 65_536  # picks whose response never came back are forgotten past
 _NO_SAMPLE = -1.0  # marks a pick whose response must not count (LoRA adapter load)
 # A first token later than this many times the pool's TTFT for its class is a sample at once, not at the end of
 # the response: a server that slow is seen within one TTFT, not after its slow answers end. Not lower: queueing
-# makes first tokens 2-4x late, and taking those early made the lab's points with other clients' traffic worse.
+# alone makes first tokens a few times late, and sampling those early reacts to transient load.
 _LATE_FIRST_TOKEN = 8.0
 # A sample moves the pool's reference as one of at most this many times the reference would.
 _REFERENCE_STEP = 2.0
@@ -345,7 +342,7 @@ class RelativeTtftScorer:
             self._keep_fastest_reference()
             return None  # the first response of a class only sets the pool's reference
         # A late sample moves the pool's reference as one at _REFERENCE_STEP x would: a server far slower than the
-        # rest must not make itself the norm (a 100x server read as 3x after a dozen of its own answers).
+        # rest must not make itself the norm.
         self._reference[cls] = ref + _POOL_ALPHA * (min(latency, _REFERENCE_STEP * ref) - ref)
         if cls < _SIZE_CLASSES:
             self._keep_fastest_reference()

@@ -4,59 +4,43 @@ Type ``token-load-scorer`` (Distribution). Inputs: picker's own in-flight tokens
 (``PluginContext.load(e).tokens``: prompt tokens not yet prefilled + expected output tokens of every request
 routed there and not finished) plus this request's own load there: its prompt tokens * (1 - matched fraction on
 that endpoint), the fraction from a prefix plugin that scored earlier in the cycle (``PrefixMatch``; none ⇒ the
-whole prompt). Score ``1 - min(L, T) / T`` with L that sum and T = ``queueThresholdTokens``; L ≤ 0 ⇒ 1.0.
-
-With ``loadSource: blended`` (picker's; the reference counts the ledger alone) the in-flight part also counts
-what each server reported beyond picker's own requests (``PluginContext.server_load``: the last scrape corrected
-by what picker sent and saw finish since): requests from other picker replicas, other gateways, clients that
-bypass picker, or from before picker restarted, each weighted as an average request picker routed (waiting: prompt
-+ answer; running: the answer). Without a fresh sample it is the ledger alone. Since the report, the others are
-assumed to have sent where picker did, in proportion to each server's traffic per request of picker's there
-(``serverload``: independent replicas read the same reports and likely favour the same servers;
-docs/scheduling.md has the lab's numbers).
-
-With a peer exchange between picker replicas (docs/ha.md) the ledger is the pool's: picker's own in-flight tokens
-plus those its peers reported.
+whole prompt). Score ``1 - min(L, T) / T`` with L that sum and T = ``queueThresholdTokens``; L ≤ 0 ⇒ 1.0. With a
+peer exchange between picker replicas (docs/ha.md) the ledger is the pool's: picker's own in-flight tokens plus
+those its peers reported.
 
 Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (128 requests * 32K tokens);
-``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker); picker's ``loadSource``: ``ledger``
-(default) or ``blended``; picker's ``prefillPendingTokens`` (default 0: off): for a request whose prompt is
-shorter than this many tokens, an endpoint where a request picker sent has not had its first token yet counts
-this many tokens more. A request arriving there waits for that prefill's engine step (a fixed cost per step on
-top of the tokens, worth a few hundred prompt tokens on a GPU) before its own; tokens alone
-weigh a 13-token prompt at nearly nothing, so short requests came in runs on one server. A longer prompt's own
-prefill outweighs the wait, and steering it off a prefilling server moved new sessions off the server that
-would cache them (docs/scheduling.md, issue 13). Counts only picker's own requests (peers do not report first
-tokens); a response that is not streamed (or whose body picker does not see) keeps its server marked until it
-ends, so with such clients the mark prefers servers with nothing of picker's in flight.
-``prefillPendingSpeedFrom`` (picker's; "" off) names a plugin that rates each server's speed (a
-``relative-ttft-scorer``): the mark is then counted in that server's time, ``f`` marks on a server ``f`` times
-slower than the pool with a prefill pending and ``f - 1`` without one, since its own next prefill step takes
-that much longer than an idle fast server's. Without it, a slow server that is sent less is more often without
-a pending prefill, so the mark drew short requests to it.
+``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker). picker's, off by default (what
+picker's built-in default sets, and why: docs/scheduling.md, "The default"):
 
-``shortPromptTokens`` (picker's; default 0: off; at most ``prefillPendingTokens``): a streamed request whose prompt
-is shorter than this (a block or two) waits for the prefills ahead of it on a server, not for the answers being
-decoded there: in a continuous batch a decoding sequence adds a fraction of a millisecond to a step, a prefill step
-tens of milliseconds. For such a request, while at least half of the recent requests are such (a moving average
-over about 50 requests), the load counted is ``prefillPendingTokens`` for each request the server reported
-waiting beyond picker's own in flight (``server_waiting``: other replicas, clients that bypass picker), plus, with
-``prefillPendingSpeedFrom``, ``f - 1`` marks on a server ``f`` times slower (its own next prefill step); decode
-tokens are not counted. A server whose batch is full, or whose KV cache is, queues new requests, and that shows as
-waiting. Servers left equal tie, and the request asks the picker to break the tie by a rotation
-(``framework.ROTATE_TIES``), so short requests are spaced evenly, as round robin spaces them, instead of following
-the in-flight load as least connections does (which spaced them worse in the lab, docs/scheduling.md). picker's own
-pending prefills get no mark here: the rotation is what spaces picker's own short prompts, and a server whose
-turn comes while picker's previous short prompt there is still prefilling
-would otherwise be skipped, putting the prompt out of turn onto a server another replica or client may just have
-filled. Only a backlog counts: pending prefills of
-picker's beyond twice the candidates' mean plus one count a mark each, so a server that has stopped answering
-(hung, its metrics page still up) does not keep its turns. While short prompts are a
-minority among long ones, the long prompts' prefills and the LoRA adapters' queues decide their wait too, and the
-tokens in flight count as for any request (docs/scheduling.md, issue 13). A request that is not streamed waits for
-its whole answer, so the answers being decoded where it goes count for it, and so do requests that linger on a
-stalled server (picker sees no first token of such a response, only its end): without that, a server slowed 15x
-kept its round-robin share of a non-streaming client's short requests (tests/reliability, server_slow).
+* ``loadSource`` ``ledger`` (default, the reference's) | ``blended``: the in-flight part also counts what each
+  server reported beyond picker's own requests (``PluginContext.server_load``: the last scrape corrected by what
+  picker sent and saw finish since), from other replicas, gateways, clients that bypass picker or from before a
+  restart, each weighted as an average request picker routed (waiting: prompt + answer; running: the answer).
+  Since the report the others are assumed to have sent where picker did, in proportion to each server's traffic
+  per request of picker's there (``serverload``). Without a fresh sample it is the ledger alone.
+* ``prefillPendingTokens`` 0 (off): for a prompt shorter than this many tokens, an endpoint where a request picker
+  sent has not had its first token yet counts this many tokens more. The request waits for that prefill's engine
+  step (a fixed cost per step, worth a few hundred prompt tokens on a GPU), which its token count alone does not
+  show, so short requests would come in runs on one server. Longer prompts are not marked: their own prefill
+  outweighs the wait, and steering them off a prefilling server moves new sessions off the server that would
+  cache them. Counts picker's own requests only (peers report no first tokens); a response picker does not see
+  streamed keeps its server marked until it ends.
+* ``prefillPendingSpeedFrom`` "" (off) names a plugin that rates each server's speed (a ``relative-ttft-scorer``):
+  the mark counts in that server's time, ``f`` marks on a server ``f`` times slower than the pool with a prefill
+  pending and ``f - 1`` without one (its own next prefill step is that much longer), so a slow server that is sent
+  less, and so more often has no prefill pending, does not draw short requests.
+* ``shortPromptTokens`` 0 (off; at most ``prefillPendingTokens``): a streamed prompt shorter than this waits for
+  the prefills ahead of it, not for the answers being decoded (in a continuous batch a decoding sequence adds a
+  fraction of a millisecond to a step, a prefill step tens of milliseconds). For such a request, while at least
+  half of the recent requests (about 50) are such, the load is ``prefillPendingTokens`` for each request the server
+  reported waiting beyond picker's own (``server_waiting``: a full batch or KV cache shows as waiting), plus ``f -
+  1`` marks on a slow server; decode tokens do not count. Servers left equal tie, and the request asks the picker
+  to break ties by a rotation (``framework.ROTATE_TIES``), spacing short requests as round robin does rather than
+  following the decode load as least connections does. picker's own pending prefills count only as a backlog
+  (beyond twice the candidates' mean plus one, a mark each), since the rotation spaces them and a hung server
+  must not keep its turns. While short prompts are a minority, the long prompts' prefills and the adapters' queues
+  decide their wait too, and the tokens in flight count as for any request; so do they for a request that is not
+  streamed, which waits for its whole answer (and they show a stalled server, whose requests linger).
 """
 
 from __future__ import annotations
