@@ -73,7 +73,6 @@ DEFAULT_ANSWER_TOKENS = 256.0  # a model's mean answer before any completion is 
 _ALPHA = 0.05  # moving averages over about the last 20 observations
 _MIN_PREFILL_TOKENS = 8  # a first token teaches the prefill rate only when it had this many tokens to compute
 _PREFILL_SAMPLES = 64  # the prefill rate is fitted to this many recent first tokens
-_LINE_SIDE = 3  # first tokens needed on each side of the prompt sizes seen to fit the prefill rate's slope
 _PINNED = 3  # reports at the same most-running count with a queue that make it the server's slot limit
 _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
@@ -96,10 +95,6 @@ class Estimate:
     # How much longer a typical request arriving next would wait there because this one went first: this one's
     # prefill ahead of it, and the wait for a slot (or KV room) if this one takes the last.
     next_delay_s: float = 0.0
-    # How much longer the requests already running there take because this one joins them (its prefill stalls
-    # each one's next step; each of its decode steps is longer by one more sequence), each against its whole time:
-    # in slowdowns (0.1: a tenth of one request's time), so that a step longer costs a short request more
-    stall: float = 0.0
     own_tokens: float = 0.0  # this request's uncached prompt tokens there
 
     def e2e_s(self, answer_tokens: float) -> float:
@@ -114,12 +109,10 @@ def answer_tokens(max_tokens: int, fixed: bool, mean: float) -> float:
 
 
 class Demand(NamedTuple):
-    """A request on a server: seconds it runs (left), the KV tokens it holds (running) or needs to start, and
-    how long it takes in all (what a delay to it is measured against; 0: ``seconds``)."""
+    """A request on a server: seconds it runs (left), and the KV tokens it holds (running) or needs to start."""
 
     seconds: float
     kv_tokens: float
-    whole_s: float = 0.0
 
 
 def start_wait_s(
@@ -159,28 +152,29 @@ def start_waits_s(running: Sequence[Demand], queue: Sequence[Demand], slots: int
     return out
 
 
-def _adapter_wait(endpoint: Endpoint, adapter: str, answer_s: float) -> float:
+def _adapter_wait(endpoint: Endpoint, adapter: str, answer_s: float, routed: Collection[str]) -> float:
     """A LoRA adapter that is not loaded where every adapter slot is taken waits for one to drain: about half an
-    answer. Loaded, or with a slot free (loading takes about a step), nothing more. A server that reports no
-    adapters (``max_loras`` 0) serves base models only as far as picker knows: nothing."""
+    answer. Loaded, or with a slot free (loading takes about a step), nothing more. The adapters taken: those the
+    server reported running or waiting, and those of the requests picker routed there since (``routed``). A server
+    that reports no adapter slots (``max_loras`` 0) serves base models only as far as picker knows: nothing."""
     m = endpoint.metrics
-    if m.max_loras <= 0 or adapter in m.running_loras:
+    if m.max_loras <= 0:
         return 0.0
-    if len(m.running_loras | m.waiting_loras) < m.max_loras:
+    taken = m.running_loras | m.waiting_loras | frozenset(routed)
+    if adapter in taken or len(taken) < m.max_loras:
         return 0.0
     return answer_s / 2.0
 
 
 def resistant_line(points: Collection[tuple[float, float]]) -> tuple[float, float]:
-    """(slope, intercept >= 0) of a resistant line through ``points`` (x > 0): the slope between the medians of
-    the points below and above the middle of the x range (on a log scale: prompts of tens and of thousands of
-    tokens), so that a few first tokens delayed by a queue move it little. With x too alike to tell a slope (or a
-    slope <= 0): the median of y / x through the origin."""
+    """(slope, intercept >= 0) of Tukey's resistant line through ``points`` (x > 0): the slope between the medians
+    of the lowest and the highest third by x, so that a few first tokens delayed by a queue move it little. With x
+    too alike to tell a slope (or a slope <= 0): the median of y / x through the origin."""
     ordered = sorted(points)
-    middle = math.sqrt(ordered[0][0] * ordered[-1][0])
-    low = [p for p in ordered if p[0] < middle]
-    high = [p for p in ordered if p[0] >= middle]
-    if len(low) >= _LINE_SIDE and len(high) >= _LINE_SIDE:
+    n = len(ordered)
+    third = n // 3
+    if third >= 2:
+        low, high = ordered[:third], ordered[n - third :]
         x_low, x_high = statistics.median(p[0] for p in low), statistics.median(p[0] for p in high)
         if x_high > 1.5 * x_low:
             slope = (statistics.median(p[1] for p in high) - statistics.median(p[1] for p in low)) / (x_high - x_low)
@@ -227,13 +221,13 @@ class ServerModel:
     """The learned part of the model (capacities, step times, prefill rate, answer lengths) and the estimate."""
 
     __slots__ = (
+        "_adapters",
         "_answers",
         "_batch",
         "_ctx",
         "_done",
         "_done_at_pin",
         "_fit",
-        "_inv_ideal",
         "_last_arrival",
         "_mean_gap_s",
         "_most_running",
@@ -249,6 +243,7 @@ class ServerModel:
 
     def __init__(self, ctx: PluginContext) -> None:
         self._ctx = ctx
+        self._adapters: set[str] = set()  # names servers reported as LoRA adapters (running or waiting)
         self._most_running: dict[str, int] = {}  # the most requests each server was seen running
         # Reports of each server at its most running with requests waiting and KV to spare (reset when it runs more)
         self._pinned: dict[str, int] = {}
@@ -262,7 +257,6 @@ class ServerModel:
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
         self._last_arrival: float | None = None
         self._mean_gap_s: float | None = None  # mean time between two requests picker routed, lately
-        self._inv_ideal = 0.0  # the mean of 1 / (a routed request's time alone on a server), lately; 0: none yet
         self._share: dict[str, float] = {}  # the share of picker's requests routed to each server, lately
         self._prefill_samples: deque[tuple[float, float]] = deque(maxlen=_PREFILL_SAMPLES)
         self.s_per_token = DEFAULT_S_PER_TOKEN
@@ -286,6 +280,8 @@ class ServerModel:
                 continue  # a report counts once
             key = e.key
             self._seen[key] = m.updated_at
+            if m.running_loras or m.waiting_loras:
+                self._adapters.update(m.running_loras, m.waiting_loras)
             if m.running > most.get(key, 0):
                 most[key] = m.running
                 pinned[key] = 0
@@ -344,19 +340,14 @@ class ServerModel:
     def mean_answer(self, model: str) -> float:
         return self._answers.get(model, DEFAULT_ANSWER_TOKENS)
 
-    def observe_arrival(self, now: float, key: str, ideal_s: float) -> None:
-        """A request was routed to ``key`` at ``now``, needing ``ideal_s`` alone on a server: the pool's arrival
-        rate, each server's share of it and the requests' mean 1 / ideal time follow."""
+    def observe_arrival(self, now: float, key: str) -> None:
+        """A request was routed to ``key`` at ``now``: the pool's arrival rate and each server's share follow."""
         last = self._last_arrival
         self._last_arrival = now
         share = self._share
         for k in share:
             share[k] *= 1.0 - _ALPHA
         share[key] = share.get(key, 0.0) + _ALPHA
-        if ideal_s > 0.0:
-            inv = 1.0 / ideal_s
-            inv_mean = self._inv_ideal
-            self._inv_ideal = inv if inv_mean <= 0.0 else inv_mean + _ALPHA * (inv - inv_mean)
         if last is None:
             return
         gap = max(0.0, now - last)
@@ -372,16 +363,6 @@ class ServerModel:
     def arrivals_at(self, key: str) -> float:
         """Requests per second picker has been routing to ``key``, lately."""
         return self.arrivals_per_s * self._share.get(key, 0.0)
-
-    def ideal_s(self, prompt_tokens: float, answer: float) -> float:
-        """A request's end-to-end time alone on a typical server of the pool: its prefill and answer, no wait."""
-        a, c = self._fit.coefficients()
-        step = a + c
-        return self.prefill_base_s + prompt_tokens * self.s_per_token + max(1.0, answer) * step
-
-    def inv_ideal(self, fallback: float) -> float:
-        """The mean of 1 / ideal time over the requests routed lately (``fallback`` before any)."""
-        return self._inv_ideal if self._inv_ideal > 0.0 else fallback
 
     def observe_prompt(self, tokens: float) -> None:
         mean = self._prompt_tokens
@@ -443,7 +424,7 @@ class ServerModel:
             ahead_tokens += self._prefill_left(leases, now, speed * s_tok)
             m = e.metrics
             kv_tokens = float(m.num_gpu_blocks * (m.block_size or 16)) if m.num_gpu_blocks else math.inf
-            wait, next_wait, stall = self._start_wait(
+            wait, next_wait = self._start_wait(
                 leases,
                 others_running,
                 load.foreign_waiting,
@@ -454,12 +435,10 @@ class ServerModel:
                 speed * s_tok,
                 mean_prompt,
                 mean_answer,
-                answer,
-                u * s_tok * speed,
-                c * speed,
                 now,
             )
-            fixed = wait + step + self.prefill_base_s * speed + _adapter_wait(e, model, mean_answer * step)
+            lora_s = _adapter_wait(e, model, mean_answer * step, self._adapters_of(leases))
+            fixed = wait + step + self.prefill_base_s * speed + lora_s
             tokens = ahead_tokens + u
             out.append(
                 Estimate(
@@ -471,11 +450,15 @@ class ServerModel:
                     wait,
                     batch,
                     next_wait - wait + u * s_tok * speed,
-                    stall,
                     u,
                 )
             )
         return out
+
+    def _adapters_of(self, leases: Collection[Lease]) -> set[str]:
+        """The LoRA adapters among the models of ``leases`` (names some server reported as an adapter)."""
+        known = self._adapters
+        return {lease.model for lease in leases if lease.model in known}
 
     @staticmethod
     def _prefill_left(leases: Collection[Lease], now: float, s_per_token: float) -> float:
@@ -486,7 +469,6 @@ class ServerModel:
         pending = [lease for lease in leases if lease.first_token_at is None]
         if not pending or s_per_token <= 0.0:
             return 0.0
-        drained = 0.0
         left = 0.0
         for lease in pending:
             left += lease.prefill_tokens
@@ -505,38 +487,29 @@ class ServerModel:
         s_tok: float,
         mean_prompt: float,
         mean_answer: float,
-        answer: float,
-        prefill_s: float,
-        c_step: float,
         now: float,
-    ) -> tuple[float, float, float]:
+    ) -> tuple[float, float]:
         """``start_wait_s`` on one server for this request and for a typical one right after it: picker's own
         requests by what each has left, the others' at means."""
         running: list[Demand] = []
         queued: list[Demand] = []
         for lease in leases:
             theirs = answer_tokens(lease.max_output_tokens, lease.fixed_output, self.mean_answer(lease.model))
-            whole_s = lease.prefill_tokens * s_tok + theirs * step
             started = lease.first_token_at
             if started is not None:
                 done = (now - started) / step
-                left = Demand(max(step, (theirs - done) * step), lease.prefill_tokens + min(done, theirs), whole_s)
-                running.append(left)
+                running.append(Demand(max(step, (theirs - done) * step), lease.prefill_tokens + min(done, theirs)))
             else:
-                (running if len(running) < slots else queued).append(Demand(whole_s, lease.prefill_tokens, whole_s))
+                (running if len(running) < slots else queued).append(
+                    Demand(lease.prefill_tokens * s_tok + theirs * step, lease.prefill_tokens)
+                )
         whole = mean_answer * step
         n = round(others_running)
         for i in range(n):  # started at unknown times: their remaining answers spread evenly over one answer
-            left_share = (i + 1) / (n + 1)
+            left = (i + 1) / (n + 1)
             (running if len(running) < slots else queued).append(
-                Demand(whole * left_share, mean_prompt + mean_answer * (1.0 - left_share), whole)
+                Demand(whole * left, mean_prompt + mean_answer * (1.0 - left))
             )
-        queued.extend([Demand(whole, mean_prompt, whole)] * round(others_waiting))
-        waits = start_waits_s(running, (*queued, ours, Demand(whole, mean_prompt, whole)), slots, kv_tokens)
-        # What this request adds to each running one, against that one's whole time: its prefill (one step of
-        # it), and one more sequence in each decode step they share.
-        stall = 0.0
-        for d in running[:slots]:
-            added = prefill_s + c_step * min(d.seconds / step, answer)
-            stall += added / max(d.whole_s or d.seconds, step)
-        return waits[-2], waits[-1], stall
+        queued.extend([Demand(whole, mean_prompt)] * round(others_waiting))
+        waits = start_waits_s(running, (*queued, ours, Demand(whole, mean_prompt)), slots, kv_tokens)
+        return waits[-2], waits[-1]

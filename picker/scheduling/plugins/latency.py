@@ -64,7 +64,7 @@ class PrefixSource(Protocol):
 class LatencyScorer:
     type: ClassVar[str] = TYPE
     category: ClassVar[Category] = Category.BALANCE
-    __slots__ = ("_ideal_key", "_pending", "_prefix", "_prefix_from", "_state_key", "model", "name", "params")
+    __slots__ = ("_pending", "_prefix", "_prefix_from", "_state_key", "model", "name", "params")
 
     def __init__(self, name: str, params: Params, ctx: PluginContext) -> None:
         self.name = name
@@ -73,7 +73,6 @@ class LatencyScorer:
         self._prefix_from = params.prefix_from
         self._prefix: PrefixSource | None = None
         self._state_key = f"{TYPE}/{name}"
-        self._ideal_key = f"{TYPE}/{name}/ideal"
         self._pending: OrderedDict[str, Estimate] = OrderedDict()
 
     def bind(self, plugins: Mapping[str, object], profiles: Collection[str]) -> None:
@@ -111,27 +110,17 @@ class LatencyScorer:
         answer: float = cycle[self._state_key][2]
         slo = slo_of(req)
         if slo is None:
-            costs = self._costs(endpoints, found, answer, cycle)
+            costs = self._costs(endpoints, found, answer)
             best = min(costs)
             return ScoreVector(endpoints, [best / c if c > 0.0 else 1.0 for c in costs])
         return ScoreVector(endpoints, self._headroom_scores(found, slo))
 
-    def _costs(
-        self, endpoints: Sequence[Endpoint], found: Sequence[Estimate], answer: float, cycle: CycleState
-    ) -> list[float]:
-        """Each candidate's cost in slowdowns (a delay measured against the delayed request's own time alone,
-        as users feel it: 100 ms doubles a short answer's wait and is lost in a long one's stream): this request's
-        end-to-end time there over its time alone, what it adds to the requests running there
-        (``Estimate.stall``), and its delay to each request arriving there while it waits (picker's recent routing
-        rate to that server) over a typical request's time alone."""
+    def _costs(self, endpoints: Sequence[Endpoint], found: Sequence[Estimate], answer: float) -> list[float]:
+        """Each candidate's cost in seconds of the pool's requests: this one's end-to-end time there and its delay
+        to each request arriving there while it waits (picker's recent routing rate to that server)."""
         model = self.model
-        uncached: dict[str, float] = cycle[UNCACHED_TOKENS]
-        ideal = model.ideal_s(min(uncached.values(), default=0.0), answer)
-        cycle[self._ideal_key] = ideal
-        own = 1.0 / ideal
-        typical = model.inv_ideal(own)
         return [
-            x.e2e_s(answer) * own + x.stall + x.next_delay_s * (1.0 + model.arrivals_at(e.key) * x.ttft_s) * typical
+            x.e2e_s(answer) + x.next_delay_s * (1.0 + model.arrivals_at(e.key) * x.ttft_s)
             for e, x in zip(endpoints, found, strict=True)
         ]
 
@@ -179,7 +168,7 @@ class LatencyScorer:
             return
         endpoints, found, _ = state
         target = result.targets[0].key
-        self.model.observe_arrival(self.model.now(), target, result.cycle.get(self._ideal_key, 0.0))
+        self.model.observe_arrival(self.model.now(), target)
         for e, x in zip(endpoints, found, strict=True):
             if e.key == target:
                 pending = self._pending
