@@ -3,17 +3,19 @@
 A model server (vLLM, SGLang, ...) runs at most ``capacity`` sequences at once (``max_num_seqs``, or fewer when
 its KV cache is full); the rest wait, first come first served. A request's time to first token on server ``e``:
 
-    ttft_e = slot_wait_e + (prefill_ahead_e + uncached_e) * s_per_token * speed_e + step_e
+    ttft_e = slot_wait_e + prefill_base + (prefill_ahead_e + uncached_e) * s_per_token * speed_e + step_e
 
 * ``slot_wait_e``: 0 while a slot is free and the request's KV fits. Else the time until it can start: the
-  running requests' remaining answers (picker's own known request by request: tokens left = expected answer -
-  time since its first token / step; others' spread evenly over the mean answer), then each request queued ahead taking
-  the next free slot for its whole answer; a request starts only when its prompt's KV fits beside what the
-  running ones hold (``num_gpu_blocks`` x block size in all), as vLLM admits.
-* ``prefill_ahead_e``: the prompt tokens of the requests there still waiting for their first token (picker's own,
-  as estimated when it routed them; others' waiting ones at the mean prompt), computed before or with this one.
+  running requests' remaining answers (picker's own request by request: tokens left = expected answer - time
+  since its first token / step; others' spread evenly over the mean answer), then each request queued ahead
+  taking the next free slot for its whole answer; a request starts only when its prompt's KV fits beside what
+  the running ones hold (``num_gpu_blocks`` x block size in all), as vLLM admits.
+* ``prefill_ahead_e``: the prompt tokens still to compute there before this one's (others' waiting requests at
+  the mean prompt; picker's own as routed, less what the server computed since the oldest arrived, first come
+  first served).
 * ``uncached_e``: this prompt's tokens that server does not cache (the prefix index, when one is bound).
-* a LoRA adapter not loaded where every adapter slot is taken waits for one to drain (about half an answer).
+* a LoRA adapter not loaded where every adapter slot is taken (by what the server reported and what picker
+  routed there since) waits for one to drain: about half an answer.
 * ``step_e``: the server's engine step, i.e. its time per output token, with this request in its batch:
   ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time
   grows with the batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each
@@ -21,19 +23,22 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   a slow server is slow at prefill too. At least one step emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
-it was seen there with a queue and KV room to spare in several reports (a server without a known limit takes the
-pool's median of the known ones; none known: no slot limit). ``s_per_token`` is learned
-from picker's own first tokens (the part of each observed TTFT beyond the predicted fixed part, per token,
-divided by that server's speed), starting from ``DEFAULT_S_PER_TOKEN``. The mean answer per model is learned
-from completions, picker's routing rate from its own decisions.
+it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
+there finished (a queue that persists while slots free and fill again; one long prefill step shows the same
+report many times and proves nothing). A server without a known limit takes the pool's median of the known ones;
+none known: no slot limit. ``s_per_token`` and ``prefill_base`` are a resistant line through picker's own first
+tokens (the part of each TTFT beyond the predicted fixed part, against the tokens computed, per unit of that
+server's speed), from the requests whose own prompt was most of what was computed before their first token
+(prompts computed in the same step end together); before any, ``DEFAULT_S_PER_TOKEN``. The mean answer per model
+is learned from completions; picker's routing rate, and each server's share of it, from its own decisions.
 
 What going to ``e`` costs the others, ``next_delay_e``: a typical request arriving right after this one waits for
-this one's prefill, and for a slot or KV room if this one takes the last. The requests that arrive at ``e`` while
-this one waits (routing rate / servers x ``ttft_e``) are all delayed so (the marginal cost of work added to a
+this one's prefill, and for a slot or KV room while this one holds it. The requests picker sends to ``e`` while
+this one waits (its recent rate there x ``ttft_e``) are all delayed so (the marginal cost of work added to a
 queue), so the scorer's cost is ``ttft_e + (answer - 1) * step_e + next_delay_e * (1 + rate_e * ttft_e)``: the
 request's own end-to-end time (for a short answer its TTFT, for a long one mostly its TPOT) plus its delay to the
-requests behind it. Under load that keeps a prompt where it is cached: computing it elsewhere delays everyone
-queued behind it there.
+requests behind it. Under load that keeps a prompt where it is cached (computing it elsewhere delays everyone
+queued behind it there), and a long answer away from the server the short ones go to.
 
 Traffic picker did not route (other replicas, clients that bypass picker) enters through the servers' reported
 counts (``PluginContext.server_load``).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -175,3 +175,51 @@ def test_speeds_are_relative_to_the_pool_and_small_swings_count_as_none() -> Non
     speeds = model.speeds(pool)
     assert speeds[:3] == [1.0, 1.0, 1.0]
     assert speeds[3] == pytest.approx(2.0 / 0.75)
+
+
+def test_an_adapter_picker_routed_since_the_last_report_takes_the_slot() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    model.observe_reports([endpoint(9, loras=("b",), max_loras=1)])  # "b" is an adapter somewhere in the pool
+    empty = endpoint(1, max_loras=1)  # reported no adapter loaded
+    assert model.estimate("a", 4.0, [10.0], [empty])[0].slot_wait_s == 0.0
+    before = model.estimate("a", 4.0, [10.0], [empty])[0].ttft_s
+    c.inflight.acquire(empty.key, 20, c.clock(), prefill_tokens=10, model="b")  # picker just sent "b" there
+    assert model.estimate("a", 4.0, [10.0], [empty])[0].ttft_s > before
+    assert model.estimate("b", 4.0, [10.0], [empty])[0].ttft_s < model.estimate("a", 4.0, [10.0], [empty])[0].ttft_s
+
+
+def test_prompts_routed_earlier_have_been_partly_computed() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    server = endpoint(1)
+    c.inflight.acquire(server.key, 5000, c.clock(), prefill_tokens=4000)
+    at_once = model.estimate("m", 4.0, [100.0], [server])[0].prefill_tokens
+    assert at_once == pytest.approx(4100.0)
+    c.clock.advance(4000 * servermodel.DEFAULT_S_PER_TOKEN / 2)  # type: ignore[attr-defined]
+    assert model.estimate("m", 4.0, [100.0], [server])[0].prefill_tokens == pytest.approx(2100.0)
+    c.clock.advance(1.0)  # type: ignore[attr-defined]
+    assert model.estimate("m", 4.0, [100.0], [server])[0].prefill_tokens == pytest.approx(100.0)
+
+
+def test_the_requests_arriving_behind_are_those_picker_sends_there() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    busy, quiet = endpoint(1), endpoint(2)
+    for i in range(100):
+        c.clock.advance(0.01)  # type: ignore[attr-defined]
+        model.observe_arrival(c.clock(), busy.key if i % 10 else quiet.key)
+    assert model.arrivals_per_s == pytest.approx(100.0)
+    assert model.arrivals_at(busy.key) == pytest.approx(90.0, rel=0.1)
+    assert model.arrivals_at(quiet.key) == pytest.approx(10.0, rel=0.3)
+    assert model.arrivals_at(endpoint(3).key) == 0.0
+
+
+def test_a_long_answer_taking_the_last_slot_delays_the_next_request_longer_than_a_short_one() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    _reports(model, (999.7, 999.8, 999.9), (1, 1, 2, 0.0))
+    server = endpoint(1, running=1)  # one slot free of 2
+    short, long = model.estimate("m", 4.0, [10.0], [server])[0], model.estimate("m", 512.0, [10.0], [server])[0]
+    assert short.slot_wait_s == long.slot_wait_s == 0.0
+    assert long.next_delay_s > short.next_delay_s
