@@ -83,6 +83,9 @@ _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV,
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
 _FIT_ALPHA = 0.02  # the step-time fit: exponentially weighted over about the last 50 completions
 _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's fit
+# A server not observed lately drifts back to the pool's pace by half every this many seconds: it gets requests
+# again, and they tell whether it is still slow (a server that recovered is otherwise never tried again)
+_SPEED_HALF_LIFE_S = 5.0
 _SPEED_NOISE = 1.5  # relative speeds within [1/1.5, 1.5] of the pool's median count as the pool's
 
 
@@ -242,6 +245,7 @@ class ServerModel:
         "_seen",
         "_share",
         "_speed",
+        "_speed_at",
         "prefill_base_s",
         "s_per_token",
     )
@@ -257,6 +261,7 @@ class ServerModel:
         self._seen: dict[str, float] = {}  # the last report read of each server (its updated_at)
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
+        self._speed_at: dict[str, float] = {}  # when each server's speed was last observed
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
@@ -319,12 +324,15 @@ class ServerModel:
         """How much slower than the pool each server is: its step against the fit, over the candidates' median, 1
         within the band of noise (``_SPEED_NOISE``: a step swings with the prefill mixed into it, and following
         that swing sends work to whichever server was lightest a moment ago)."""
-        learned = self._speed
+        learned, seen = self._speed, self._speed_at
         raw = [learned.get(e.key, 1.0) for e in endpoints]
         median = statistics.median(raw) if raw else 1.0
+        now = self._ctx.clock()
         out = []
-        for r in raw:
+        for e, r in zip(endpoints, raw, strict=True):
             f = r / median if median > 0.0 else 1.0
+            if not 1.0 / _SPEED_NOISE <= f <= _SPEED_NOISE:
+                f = 1.0 + (f - 1.0) * 0.5 ** ((now - seen.get(e.key, now)) / _SPEED_HALF_LIFE_S)
             out.append(1.0 if 1.0 / _SPEED_NOISE <= f <= _SPEED_NOISE else f)
         return out
 
@@ -336,6 +344,7 @@ class ServerModel:
         if predicted > 0.0:
             ratio = min(_MAX_SPEED, max(1.0 / _MAX_SPEED, step_s / predicted))
             self._speed[key] = speed + 4 * _FIT_ALPHA * (ratio - speed)
+            self._speed_at[key] = self._ctx.clock()
         self._fit.add(batch, step_s)
 
     def observe_answer(self, model: str, tokens: int) -> None:
@@ -395,6 +404,7 @@ class ServerModel:
             self._seen,
             self._batch,
             self._speed,
+            self._speed_at,
             self._share,
             self._done,
             self._done_at_pin,

@@ -223,3 +223,15 @@ def test_a_long_answer_taking_the_last_slot_delays_the_next_request_longer_than_
     short, long = model.estimate("m", 4.0, [10.0], [server])[0], model.estimate("m", 512.0, [10.0], [server])[0]
     assert short.slot_wait_s == long.slot_wait_s == 0.0
     assert long.next_delay_s > short.next_delay_s
+
+
+def test_a_slow_server_not_observed_lately_drifts_back_to_the_pools_pace() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    for _ in range(200):  # the fit learns a 20 ms step; server 3 runs its steps 4x slower
+        for e in pool:
+            model.observe_step(e.key, 4.0, 0.08 if e.key == pool[2].key else 0.02)
+    assert model.speeds(pool)[2] > 2.0
+    c.clock.advance(30.0)  # type: ignore[attr-defined]  # no request went there since: nothing says it is slow
+    assert model.speeds(pool)[2] == 1.0
