@@ -305,16 +305,21 @@ class ServerModel:
         """One of picker's requests finished on ``key``: a slot freed there."""
         self._done[key] = self._done.get(key, 0) + 1
 
-    def capacity(self, key: str) -> int:
+    def capacity(self, key: str, pool: int | None = None) -> int:
         """A server's slots: the most it ran, once it was seen queueing; for one never seen queueing, the pool's
-        median of the known ones, if above what it ran; 0: unknown (no limit)."""
+        median of the known ones (``pool``: as ``pool_capacity()`` returned), if above what it ran; 0: unknown (no
+        limit)."""
         most = self._most_running.get(key, 0)
         if self._pinned.get(key, 0) >= _PINNED:
             return most
+        if pool is None:
+            pool = self.pool_capacity()
+        return max(most, pool) if pool else 0
+
+    def pool_capacity(self) -> int:
+        """The median of the slot limits known in the pool (0: none known)."""
         known = [self._most_running[k] for k, n in self._pinned.items() if n >= _PINNED]
-        if not known:
-            return 0
-        return max(most, int(statistics.median(known)))
+        return int(statistics.median(known)) if known else 0
 
     def batch(self, key: str) -> float:
         """The requests ``key`` ran when it was last estimated (0: never)."""
@@ -425,12 +430,13 @@ class ServerModel:
         mean_prompt = self._prompt_tokens
         s_tok = self.s_per_token
         speeds = self.speeds(endpoints)
+        pool_cap = self.pool_capacity()
         out: list[Estimate] = []
         for e, u, speed in zip(endpoints, uncached, speeds, strict=True):
             key = e.key
             leases = ctx.inflight.leases(key)
             load = ctx.server_load(e)
-            cap = self.capacity(key)
+            cap = self.capacity(key, pool_cap)
             batch = load.requests if not cap or load.requests < cap else float(cap)
             self._batch[key] = batch
             step = speed * (a + c * (batch + 1.0))
