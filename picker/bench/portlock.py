@@ -30,10 +30,14 @@ def lock_path(port: int) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def hold(port: int, *, wait_s: float = 300.0, poll_s: float = 0.1) -> AsyncIterator[Path]:
+async def hold(
+    port: int, *, wait_s: float = 300.0, poll_s: float = 0.1, free_wait_s: float = 65.0
+) -> AsyncIterator[Path]:
     """Hold the lock of 127.0.0.1:``port`` for the block; waits up to ``wait_s`` for another holder to finish.
 
-    Once held, the port must be free: a listener there that took no lock is reported, not waited for."""
+    Once held, the port must be free within ``free_wait_s``: a client connection elsewhere on the machine may have
+    it as its ephemeral local port (the kernel hands out ports of that range to outgoing connections) until it
+    closes, or for the 60 s of TIME_WAIT after; a listener there that took no lock stays and is reported."""
     path = lock_path(port)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
@@ -54,13 +58,20 @@ async def hold(port: int, *, wait_s: float = 300.0, poll_s: float = 0.1) -> Asyn
                 await asyncio.sleep(poll_s)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _check_free(port)
+        free_by = loop.time() + free_wait_s
+        while not _is_free(port):
+            if loop.time() >= free_by:
+                raise PortBusy(
+                    f"127.0.0.1:{port} is in use by a process that holds no lock ({lock_path(port)}) for over "
+                    f"{free_wait_s:g} s"
+                )
+            await asyncio.sleep(poll_s)
         yield path
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _check_free(port: int) -> None:
+def _is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -68,4 +79,5 @@ def _check_free(port: int) -> None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
-            raise PortBusy(f"127.0.0.1:{port} is in use by a process that holds no lock ({lock_path(port)})") from None
+            return False
+        return True

@@ -66,5 +66,27 @@ async def test_a_listener_that_took_no_lock_is_reported() -> None:
         listener.listen()
         port = listener.getsockname()[1]
         with pytest.raises(portlock.PortBusy, match="in use by a process that holds no lock"):
-            async with portlock.hold(port):
+            async with portlock.hold(port, free_wait_s=0.3, poll_s=0.02):
                 pass
+
+
+async def test_a_connection_that_has_the_port_for_a_moment_is_waited_for() -> None:
+    # An outgoing connection may get the fixed port as its ephemeral local port; it goes away with the connection.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.socket() as client:
+            client.bind(("127.0.0.1", 0))
+            port = client.getsockname()[1]
+            client.connect(server.getsockname())
+            accepted, _ = server.accept()
+
+            async def close_soon() -> None:
+                await asyncio.sleep(0.3)
+                accepted.close()  # the server closes first: its side waits out TIME_WAIT, the client's port is free
+                await asyncio.sleep(0.05)
+                client.close()
+
+            closing = asyncio.create_task(close_soon())
+            async with portlock.hold(port, free_wait_s=5.0, poll_s=0.02):
+                assert closing.done()
