@@ -191,3 +191,89 @@ def test_a_server_that_left_the_pool_is_forgotten() -> None:
     assert [(c.key, c.suspect) for c in changes] == [(A, False)]
     assert det.suspect() == frozenset()
     assert det.pending() == 0
+
+
+def busy(
+    det: HungDetector, req: Requests, key: str, start: float, until: float, *, every: float, takes: float
+) -> float:
+    """Open-loop traffic to ``key``: a request every ``every`` s, each answered ``takes`` s after it was sent, the
+    last sent before ``until``; checks as the director's task does. The time of the last answer."""
+    answers: list[tuple[float, int]] = []
+    t, last = start, start
+    while t < until:
+        r = req()
+        det.watch(key, r, t, SHORT)
+        answers.append((t + takes, r))
+        t += every
+    for at, r in answers:
+        det.answered(key, r, at)
+        assert not any(c.suspect for c in det.check(at, POOL))
+        last = at
+    return last
+
+
+def test_a_server_that_stops_with_requests_on_it_is_suspect_once_those_are_overdue() -> None:
+    # Answers every 0.07 s, each 0.21 s after its request: three requests are on it at any time. It stops with the
+    # three on it; the new requests it still gets were sent after its last answer.
+    det, req, _ = warmed(0.21)
+    stop = busy(det, req, A, 1.0, 4.0, every=0.07, takes=0.21)
+    t = 4.0
+    on_it = [req() for _ in range(3)]
+    for i, r in enumerate(on_it):
+        det.watch(A, r, stop - 0.2 + 0.07 * i, SHORT)
+    first_new = stop + 0.01
+    after = None
+    while after is None and t < stop + 2.0:
+        det.watch(A, req(), t, SHORT)  # the traffic it keeps getting until suspect
+        t += 0.01
+        if any(c.suspect for c in det.check(t, POOL)):
+            after = t - stop
+    deadline = det.deadline_s(A, SHORT)
+    assert deadline == pytest.approx(0.42, abs=0.01)
+    # The oldest of those on it went overdue 0.2 s before a request sent after its last answer could.
+    assert after is not None
+    assert after == pytest.approx(deadline - 0.2, abs=0.02)
+    assert after < first_new - stop + deadline - 0.15
+
+
+def test_a_busy_server_pausing_within_its_usual_pace_is_not_suspect() -> None:
+    # First answers every 0.1 s, sometimes 0.25 s apart, with a request queued long past its deadline all along.
+    det, req, now = warmed(0.2)
+    queued = req()
+    det.watch(A, queued, now, SHORT)
+    t = now
+    for i in range(200):
+        t += 0.25 if i % 10 == 0 else 0.1
+        r = req()
+        det.watch(A, r, t - 0.05, SHORT)
+        det.answered(A, r, t)
+        assert not det.check(t, POOL)
+    # A pause of twice its longest spacing, minus a little: still not suspect.
+    assert suspect_after(det, t, until=0.49) is None
+    # Silent longer than that, with the queued request overdue: suspect.
+    assert suspect_after(det, t + 0.49, until=0.05) is not None
+
+
+def test_a_streaming_server_stalling_for_a_step_is_not_suspect() -> None:
+    # Streams send a chunk every 20 ms; the first tokens of queued requests come 0.8 s apart, and one request waits
+    # far past its deadline for a slot. An engine step of 0.3 s (a long prefill) stalls every stream: a silence
+    # 15 x the chunks' spacing, but well within the first tokens' one, which alone sets the silence limit.
+    det, req, now = warmed(0.2)
+    queued = req()
+    det.watch(A, queued, now, SHORT)
+    t = now
+    for i in range(1, 401):
+        t += 0.02
+        if i % 40 == 0:
+            r = req()
+            det.watch(A, r, t - 0.1, SHORT)
+            det.answered(A, r, t)
+        else:
+            det.alive(A, t)
+        assert not det.check(t, POOL)
+    stall_end = t + 0.3
+    while t < stall_end - 0.005:
+        t += 0.01
+        assert not det.check(t, POOL)
+    det.alive(A, stall_end)
+    assert det.suspect() == frozenset()
