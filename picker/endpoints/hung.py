@@ -78,6 +78,7 @@ class _Pending:
     started_at: float
     deadline: float
     nominal_s: float
+    usual_at: float  # the deadline over ``multiplier``: when the slowest recent answer of its size would have come
 
 
 @dataclass(slots=True)
@@ -112,7 +113,8 @@ class HungDetector:
     def watch(self, key: str, request: Hashable, now: float, nominal: float) -> None:
         """A request was sent to ``key`` and its gateway will report the answer."""
         state = self._state(key)
-        state.pending[request] = _Pending(now, now + self.deadline_s(key, nominal), nominal)
+        deadline_s = self.deadline_s(key, nominal)
+        state.pending[request] = _Pending(now, now + deadline_s, nominal, now + deadline_s / self.settings.multiplier)
 
     def answered(self, key: str, request: Hashable, now: float, *, alive: bool = True) -> Transition | None:
         """The first answer of ``request`` came (``alive``: from the server itself, not a gateway's error)."""
@@ -220,12 +222,8 @@ class HungDetector:
             state.suspect_since = now
             state.suspicions += 1
             suspect += 1
-            waited_s = now - overdue.started_at
             silent_s = now - max(state.last_answer, overdue.started_at)
-            out.append(
-                Transition(key, True, f"a request waited {waited_s:.2f} s for its first answer (deadline "
-                           f"{overdue.deadline - overdue.started_at:.2f} s) and nothing came back for {silent_s:.2f} s")
-            )  # fmt: skip
+            out.append(Transition(key, True, f"{overdue.why} and nothing came back for {silent_s:.2f} s"))
         return out
 
     def _hold_s(self, state: _State) -> float:
@@ -242,12 +240,34 @@ class HungDetector:
         return sum(len(s.pending) for s in self._states.values())
 
 
-def _overdue(state: _State, now: float, silence_limit_s: float) -> _Pending | None:
-    """A request past its deadline with nothing from the server since it was sent or for ``silence_limit_s``."""
-    silent_long = now - state.last_answer >= silence_limit_s
+@dataclass(frozen=True, slots=True)
+class _Overdue:
+    started_at: float
+    why: str
+
+
+def _overdue(state: _State, now: float, silence_limit_s: float) -> _Overdue | None:
+    """The evidence against a server, if any: a request past its deadline with nothing from the server since it
+    was sent or for ``silence_limit_s``; or, silent that long, two requests past the time the slowest recent
+    answer of their size took (their deadline over ``multiplier``): two that corroborate each other need no
+    margin each."""
+    silent_long = state.gap_reference is not None and now - state.last_answer >= silence_limit_s
+    late: _Pending | None = None
     for pending in reversed(state.pending.values()):
         if pending.started_at < state.last_answer and not silent_long:
             return None  # this one and every older one were sent before the server last answered
         if pending.deadline <= now:
-            return pending
+            deadline_s = pending.deadline - pending.started_at
+            return _Overdue(
+                pending.started_at,
+                f"a request waited {now - pending.started_at:.2f} s for its first answer (deadline {deadline_s:.2f} s)",
+            )
+        if silent_long and pending.usual_at <= now:
+            if late is not None:
+                usual_s = pending.usual_at - pending.started_at
+                return _Overdue(
+                    pending.started_at,
+                    f"2 requests waited past the usual time for their first answer ({usual_s:.2f} s for the older)",
+                )
+            late = pending
     return None

@@ -212,28 +212,54 @@ def busy(
     return last
 
 
-def test_a_server_that_stops_with_requests_on_it_is_suspect_once_those_are_overdue() -> None:
-    # Answers every 0.07 s, each 0.21 s after its request: three requests are on it at any time. It stops with the
-    # three on it; the new requests it still gets were sent after its last answer.
+def stops_with_three_on_it(settings: HungSettings | None = None) -> tuple[HungDetector, float, float]:
+    """A server answering every 0.07 s, each request 0.21 s after it was sent (three on it at any time), stops
+    with three on it and keeps getting requests (sent after its last answer) until suspect: the detector, the
+    time from the stop until suspect, and the deadline of a request."""
     det, req, _ = warmed(0.21)
+    if settings is not None:
+        det.settings = settings
     stop = busy(det, req, A, 1.0, 4.0, every=0.07, takes=0.21)
-    t = 4.0
-    on_it = [req() for _ in range(3)]
-    for i, r in enumerate(on_it):
-        det.watch(A, r, stop - 0.2 + 0.07 * i, SHORT)
-    first_new = stop + 0.01
-    after = None
-    while after is None and t < stop + 2.0:
-        det.watch(A, req(), t, SHORT)  # the traffic it keeps getting until suspect
+    for i in range(3):
+        det.watch(A, req(), stop - 0.2 + 0.07 * i, SHORT)
+    t = stop
+    while t < stop + 2.0:
+        det.watch(A, req(), t + 0.01, SHORT)
         t += 0.01
         if any(c.suspect for c in det.check(t, POOL)):
-            after = t - stop
-    deadline = det.deadline_s(A, SHORT)
+            return det, t - stop, det.deadline_s(A, SHORT)
+    raise AssertionError("never suspect")
+
+
+def test_a_server_that_stops_with_requests_on_it_is_suspect_once_the_oldest_is_overdue() -> None:
+    _, after, deadline = stops_with_three_on_it()
     assert deadline == pytest.approx(0.42, abs=0.01)
-    # The oldest of those on it went overdue 0.2 s before a request sent after its last answer could.
-    assert after is not None
-    assert after == pytest.approx(deadline - 0.2, abs=0.02)
-    assert after < first_new - stop + deadline - 0.15
+    # The oldest one on it (sent 0.2 s before the stop) is overdue 0.2 s before the first request sent after
+    # the server's last answer could be.
+    assert after <= deadline - 0.2 + 0.02
+
+
+def test_two_requests_late_in_a_long_silence_are_evidence_enough() -> None:
+    # A silence limit of 2 x its 0.07 s pace: by then two of the three on it are past the 0.21 s their size
+    # usually takes; the oldest is overdue only at 0.22 s.
+    _, after, deadline = stops_with_three_on_it(HungSettings(min_silence_s=0.1))
+    assert after == pytest.approx(0.14, abs=0.02)
+    assert after < deadline - 0.2 - 0.05
+
+
+def test_one_request_late_in_a_long_silence_waits_for_its_deadline() -> None:
+    # A busy server finishes its other requests, then works on one that takes 1.9 x what its size usually does:
+    # silent far past its pace, one request past its usual time; not suspect before it answers, in its deadline.
+    det, req, _ = warmed(0.21)
+    det.settings = HungSettings(min_silence_s=0.1)
+    stop = busy(det, req, A, 1.0, 4.0, every=0.07, takes=0.21)
+    big = req()
+    det.watch(A, big, stop - 0.1, SHORT)
+    answer_at = stop - 0.1 + 1.9 * 0.21
+    assert answer_at < stop - 0.1 + det.deadline_s(A, SHORT)
+    assert suspect_after(det, stop, until=answer_at - stop - 0.01) is None
+    det.answered(A, big, answer_at)
+    assert det.suspect() == frozenset()
 
 
 def test_a_busy_server_pausing_within_its_usual_pace_is_not_suspect() -> None:
