@@ -41,6 +41,7 @@ class ServerSettings:
     gateway_profile: str = "auto"  # auto | envoy | nginx | agentgateway
     disable_subset_filter: bool = False
     explain_header: bool = False  # add x-picker-explain to the request headers response
+    hung_server_detection: bool = True  # suspect servers that answer nothing (endpoints/hung.py)
     shed_status: int = 429  # status of a shed sheddable request (docs say 503, code says 429)
     inflight_timeout_s: float = 300.0  # release a lease when no response phase ever arrives
     grace_period_s: float = 5.0  # SIGTERM: refuse new streams after this, then wait for in-flight ones

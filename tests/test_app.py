@@ -75,6 +75,11 @@ def test_flags_map_to_settings() -> None:
     assert parse("--v", "4", "--log-level", "warning").log_level == "warning"
 
 
+def test_hung_server_detection_is_on_unless_turned_off() -> None:
+    assert parse().server.hung_server_detection is True
+    assert parse("--hung-server-detection=false").server.hung_server_detection is False
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"), [("50ms", 0.05), ("2s", 2.0), ("1m30s", 90.0), ("0.25", 0.25), ("100us", 1e-4), ("1h", 3600.0)]
 )

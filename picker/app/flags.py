@@ -111,6 +111,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="add x-picker-explain (per-plugin scores, compact JSON) to the routed request",
     )
+    add_bool_flag(
+        parser,
+        "--hung-server-detection",
+        default=srv.hung_server_detection,
+        help="leave out of scheduling a server whose requests go overdue for their first answer while it answers "
+        "nothing (picker/endpoints/hung.py); =false only to compare",
+    )
     add(
         "--shed-status",
         type=int,
@@ -221,6 +228,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             gateway_profile=args.gateway_profile,
             disable_subset_filter=args.disable_endpoint_subset_filter,
             explain_header=args.explain_header,
+            hung_server_detection=args.hung_server_detection,
             shed_status=args.shed_status,
             inflight_timeout_s=args.inflight_timeout,
             grace_period_s=args.grace_period,

@@ -276,8 +276,9 @@ async def serving(
         )
         background: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("inflight-expiry", lambda: director.run_expiry(interval_s=_EXPIRY_INTERVAL_S)),
-            ("hung-check", director.run_hung_check),
         ]
+        if server_settings.hung_server_detection:
+            background.append(("hung-check", director.run_hung_check))
         if precise is not None:
             subscriber = precise.subscriber
             background.append(("kv-events", lambda: subscriber.run(store=store)))

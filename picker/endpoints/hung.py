@@ -5,12 +5,19 @@ A model server can accept connections and never answer (a wedged engine, a stopp
 watched request (one whose gateway will report the response) is registered when routed, with a deadline for its
 first answer, and the answer (the first body bytes of a streamed response, the response itself otherwise) is
 recorded when it comes. A server is **suspect** when one of its requests is past that deadline and nothing at all
-came back from the server since that request was sent (no answer, no streamed chunk of any request): a busy or
-slow server keeps answering something, a hung one answers nothing. A suspect server is left out of the candidate
-set (``Endpoint.suspect``; ``EndpointSnapshot.candidates`` falls back when nothing else is left) and comes back at
-its next sign of life. A server that stays silent is readmitted on probation after ``probe_after_s`` (doubling with
-each suspicion in a row, at most ``max_probe_after_s``) once none of its requests is overdue any more: the next
-request it gets is the probe.
+came back from the server (no answer, no streamed chunk of any request) since that request was sent, or for its
+**silence limit**, whichever is shorter: a busy or slow server keeps answering something, a hung one answers
+nothing. A suspect server is left out of the candidate set (``Endpoint.suspect``; ``EndpointSnapshot.candidates``
+falls back when nothing else is left) and comes back at its next sign of life. A server that stays silent is
+readmitted on probation after ``probe_after_s`` (doubling with each suspicion in a row, at most
+``max_probe_after_s``) once none of its requests is overdue any more: the next request it gets is the probe.
+
+The silence limit is ``multiplier`` x the longest of the server's last ``window`` spacings between two first
+answers with requests waiting all along (its pace when busy), at least ``min_silence_s``; none is known until it
+has been busy so. A server that stops with requests already on it is then suspect once those are overdue and it has
+been silent far longer than it ever is when working, not only once a request sent after its last answer is
+overdue. Only first answers space it: the chunks of a streamed answer come far more often, and would make a pause
+of the engine (a long prefill step) look like a hang.
 
 The deadline of a request is ``max(min_overdue_s, multiplier x reference x nominal)``. ``nominal`` is a fixed
 model of the request's cost (prompt tokens, and its expected output when the answer is the whole response), so one
@@ -51,6 +58,7 @@ def nominal_s(prompt_tokens: int, output_tokens: int, *, whole_response: bool) -
 class HungSettings:
     multiplier: float = 2.0  # overdue after this many times the reference time
     min_overdue_s: float = 0.3  # never overdue sooner than this
+    min_silence_s: float = 0.2  # the silence limit is never shorter than this
     cold_overdue_s: float = 10.0  # the deadline while no server of the pool has answered yet
     window: int = 32  # recent answers per server behind its reference
     probe_after_s: float = 5.0  # suspect this long without an answer: readmitted on probation
@@ -70,15 +78,19 @@ class _Pending:
     started_at: float
     deadline: float
     nominal_s: float
+    usual_at: float  # the deadline over ``multiplier``: when the slowest recent answer of its size would have come
 
 
 @dataclass(slots=True)
 class _State:
     ratios: deque[float]
+    gaps: deque[float]  # between two first answers with requests waiting all along (seconds)
     reference: float | None = None  # max(ratios)
+    gap_reference: float | None = None  # max(gaps)
     # Requests waiting for their first answer, in the order they were sent.
     pending: dict[Hashable, _Pending] = field(default_factory=dict)
     last_answer: float = float("-inf")  # anything at all came back from the server
+    last_first_answer: float = float("-inf")  # the first answer of a request
     suspect_since: float | None = None
     suspicions: int = 0  # in a row, without an answer between them
 
@@ -92,7 +104,8 @@ class HungDetector:
     def _state(self, key: str) -> _State:
         state = self._states.get(key)
         if state is None:
-            state = self._states[key] = _State(deque(maxlen=self.settings.window))
+            window = self.settings.window
+            state = self._states[key] = _State(deque(maxlen=window), deque(maxlen=window))
         return state
 
     # -- the request path ----------------------------------------------------------------------------------
@@ -100,13 +113,16 @@ class HungDetector:
     def watch(self, key: str, request: Hashable, now: float, nominal: float) -> None:
         """A request was sent to ``key`` and its gateway will report the answer."""
         state = self._state(key)
-        state.pending[request] = _Pending(now, now + self.deadline_s(key, nominal), nominal)
+        deadline_s = self.deadline_s(key, nominal)
+        state.pending[request] = _Pending(now, now + deadline_s, nominal, now + deadline_s / self.settings.multiplier)
 
     def answered(self, key: str, request: Hashable, now: float, *, alive: bool = True) -> Transition | None:
         """The first answer of ``request`` came (``alive``: from the server itself, not a gateway's error)."""
         state = self._states.get(key)
         if state is None:
             return None
+        if alive and request in state.pending:
+            self._note_gap(state, now)  # before ``request`` leaves the waiting ones: its wait ends the gap
         pending = state.pending.pop(request, None)
         if not alive:
             return None
@@ -135,6 +151,32 @@ class HungDetector:
         held_s = now - state.suspect_since
         state.suspect_since = None
         return Transition(key, False, f"it answered again after {held_s:.2f} s")
+
+    def _note_gap(self, state: _State, now: float) -> None:
+        """A first answer came: record the time since the previous one if a request has waited since then (a
+        server idle between them was not slow to answer; the wait of a request sent to an idle server is its
+        deadline's business).
+
+        Capped at the silence limit, as late answers are at their deadline: a hang that ends raises it at most
+        ``multiplier`` times per answer.
+        """
+        previous, state.last_first_answer = state.last_first_answer, now
+        if next(iter(state.pending.values())).started_at > previous:
+            return
+        gap = now - previous
+        if state.gap_reference is not None:
+            gap = min(gap, self._silence_limit_s(state))
+        state.gaps.append(gap)
+        if state.gap_reference is None or gap >= state.gap_reference:
+            state.gap_reference = gap
+        elif len(state.gaps) == state.gaps.maxlen:
+            state.gap_reference = max(state.gaps)
+
+    def _silence_limit_s(self, state: _State) -> float:
+        """How long the server may be silent with a request waiting before an overdue one counts against it."""
+        if state.gap_reference is None:
+            return float("inf")  # nothing known of its pace: only a request sent after its last answer counts
+        return max(self.settings.min_silence_s, self.settings.multiplier * state.gap_reference)
 
     def done(self, key: str, request: Hashable) -> None:
         """The request ended without an answer (client gone, stream reset): no longer waited for."""
@@ -169,7 +211,7 @@ class HungDetector:
         suspect = sum(1 for s in self._states.values() if s.suspect_since is not None)
         allowed = max(1, int(len(keys) * self.settings.max_suspect_fraction))
         for key, state in self._states.items():
-            overdue = _overdue(state, now)
+            overdue = _overdue(state, now, self._silence_limit_s(state))
             if state.suspect_since is not None:
                 if overdue is None and now - state.suspect_since >= self._hold_s(state):
                     out.append(Transition(key, False, f"on probation after {now - state.suspect_since:.2f} s"))
@@ -180,11 +222,8 @@ class HungDetector:
             state.suspect_since = now
             state.suspicions += 1
             suspect += 1
-            waited_s = now - overdue.started_at
-            out.append(
-                Transition(key, True, f"a request waited {waited_s:.2f} s for its first answer (deadline "
-                           f"{overdue.deadline - overdue.started_at:.2f} s) and nothing came back since it was sent")
-            )  # fmt: skip
+            silent_s = now - max(state.last_answer, overdue.started_at)
+            out.append(Transition(key, True, f"{overdue.why} and nothing came back for {silent_s:.2f} s"))
         return out
 
     def _hold_s(self, state: _State) -> float:
@@ -201,11 +240,34 @@ class HungDetector:
         return sum(len(s.pending) for s in self._states.values())
 
 
-def _overdue(state: _State, now: float) -> _Pending | None:
-    """A request past its deadline that was sent after the server's last answer, if any."""
+@dataclass(frozen=True, slots=True)
+class _Overdue:
+    started_at: float
+    why: str
+
+
+def _overdue(state: _State, now: float, silence_limit_s: float) -> _Overdue | None:
+    """The evidence against a server, if any: a request past its deadline with nothing from the server since it
+    was sent or for ``silence_limit_s``; or, silent that long, two requests past the time the slowest recent
+    answer of their size took (their deadline over ``multiplier``): two that corroborate each other need no
+    margin each."""
+    silent_long = state.gap_reference is not None and now - state.last_answer >= silence_limit_s
+    late: _Pending | None = None
     for pending in reversed(state.pending.values()):
-        if pending.started_at < state.last_answer:
+        if pending.started_at < state.last_answer and not silent_long:
             return None  # this one and every older one were sent before the server last answered
         if pending.deadline <= now:
-            return pending
+            deadline_s = pending.deadline - pending.started_at
+            return _Overdue(
+                pending.started_at,
+                f"a request waited {now - pending.started_at:.2f} s for its first answer (deadline {deadline_s:.2f} s)",
+            )
+        if silent_long and pending.usual_at <= now:
+            if late is not None:
+                usual_s = pending.usual_at - pending.started_at
+                return _Overdue(
+                    pending.started_at,
+                    f"2 requests waited past the usual time for their first answer ({usual_s:.2f} s for the older)",
+                )
+            late = pending
     return None

@@ -187,6 +187,8 @@ class Stack:
 
 
 POD_HOSTS = [f"127.0.0.{i}" for i in range(2, 12)]
+# Flags added to every picker a stack starts (report.py --picker-arg: e.g. a row without hung-server detection).
+EXTRA_PICKER_ARGS: list[str] = []
 
 
 @contextlib.asynccontextmanager
@@ -219,6 +221,7 @@ async def stack(
                 (
                     *(["--endpoints", endpoints or ",".join(s.key for s in servers)] if endpoints != "" else []),
                     *picker_args,
+                    *EXTRA_PICKER_ARGS,
                 ),
             )
             for _ in range(pickers)

@@ -3,6 +3,7 @@
 .venv/bin/python -m tests.reliability.report            # CI-sized
 .venv/bin/python -m tests.reliability.report --long     # the documented sizes (minutes)
 .venv/bin/python -m tests.reliability.report server_killed api_down
+.venv/bin/python -m tests.reliability.report server_hung --picker-arg=--hung-server-detection=false   # "before"
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from tests.reliability import harness
 from tests.reliability.harness import Row
 from tests.reliability.scenarios import SCENARIOS
 
@@ -32,6 +34,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help=f"scenarios (default all): {', '.join(SCENARIOS)}")
     parser.add_argument("--long", action="store_true")
+    parser.add_argument("--picker-arg", action="append", default=[], help="a flag added to every picker started")
     args = parser.parse_args()
+    harness.EXTRA_PICKER_ARGS.extend(args.picker_arg)
     print(HEADER, flush=True)
     asyncio.run(main(args.names or list(SCENARIOS), args.long))

@@ -96,13 +96,16 @@ async def server_hung(long: bool, *, config_text: str | None = None, what: str =
             await asyncio.sleep(15 if long else 5)
         await asyncio.sleep(0.4)
         recovery = recovery_after(st, victim, t0)
+    # Sent before the stop: routed while the server still answered, lost whatever picker does.
+    unsavable = sum(1 for r in load.results if r.status != 200 and r.sent < t0)
     return summarize(
         f"model server hung (SIGSTOP: accepts, never answers){what}",
         load.results,
         recovery_s=recovery,
         recovery_what="last request sent to it",
         goal_met=recovery <= HUNG_GOAL_S,
-        notes=f"requests already on it time out (client 5 s); goal ≤ {HUNG_GOAL_S:g} s",
+        notes=f"{unsavable} of the lost sent before it stopped; goal ≤ {HUNG_GOAL_S:g} s",
+        extra={"lost_sent_before_stop": unsavable},
     )
 
 
