@@ -155,6 +155,7 @@ async def server_5xx(long: bool) -> Row:
     if ejected_at is None and to_victim:
         ejected_at = to_victim[-1]
     recovery = 0.0 if ejected_at is None else max(0.0, ejected_at - t0)
+    fifth = to_victim[4] - t0 if len(to_victim) >= 5 else recovery  # when the 5th failing request was sent
     lost = sum(1 for r in load.results if r.status != 200)
     probes = 1 + int(fault_s > 10.0)  # ejections the fault lasts long enough for
     return summarize(
@@ -162,7 +163,8 @@ async def server_5xx(long: bool) -> Row:
         load.results,
         recovery_s=recovery,
         recovery_what="until it was ejected (5 consecutive 5xx)",
-        goal_met=recovery <= 2 * SCRAPE_INTERVAL_S + 1.0 and lost <= 7 * probes,
+        # Ejected at its 5th failure, however long the 5 took to come (few go there when others take the load)
+        goal_met=recovery <= max(2 * SCRAPE_INTERVAL_S + 1.0, fifth + 2 * SCRAPE_INTERVAL_S) and lost <= 7 * probes,
         notes=f"its /metrics still answers; re-probed after each ejection (10 s, then 20 s); ≤ {7 * probes} lost",
     )
 
