@@ -4,8 +4,8 @@ Gauges are read from the engine at scrape time (nothing to update per step); cou
 from the engine's step updates by ``record()``. Histograms are plain bucket arrays (one ``bisect`` per token),
 cheaper than ``prometheus_client.Histogram.observe`` with its lock.
 
-The page is formatted by ``render()`` directly: ``generate_latest`` took 2.2 ms for this 27 KB page, which at
-picker's 50 ms scrape interval is ~4 % of a core per simulated server. The per-server ``CollectorRegistry``
+The page is formatted by ``render()`` directly: ``generate_latest`` costs too much per scrape to run for every
+simulated server at picker's scrape interval. The per-server ``CollectorRegistry``
 (``registry``) serves the same page through prometheus_client (its collector parses ``render()``), which the
 tests use to check the two agree.
 
