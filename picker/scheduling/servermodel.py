@@ -15,7 +15,7 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   first served).
 * ``uncached_e``: this prompt's tokens that server does not cache (the prefix index, when one is bound).
 * a LoRA adapter not loaded where every adapter slot is taken (by what the server reported and what picker
-  routed there since) waits for one to drain: about half an answer.
+  routed there since) waits for one to drain: about a whole answer (the running adapter drains with its last request).
 * ``step_e``: the server's engine step, i.e. its time per output token, with this request in its batch:
   ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time
   grows with the batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each
@@ -161,17 +161,19 @@ def start_waits_s(running: Sequence[Demand], queue: Sequence[Demand], slots: int
 
 
 def _adapter_wait(endpoint: Endpoint, adapter: str, answer_s: float, routed: Collection[str]) -> float:
-    """A LoRA adapter that is not loaded where every adapter slot is taken waits for one to drain: about half an
-    answer. Loaded, or with a slot free (loading takes about a step), nothing more. The adapters taken: those the
-    server reported running or waiting, and those of the requests picker routed there since (``routed``). A server
-    that reports no adapter slots (``max_loras`` 0) serves base models only as far as picker knows: nothing."""
+    """A LoRA adapter that is not running where every adapter slot is taken waits until one drains: the server
+    keeps admitting the running adapter's requests, so it frees its slot only when the last of them ends, about a
+    whole answer. Running, or with a slot free (loading takes about a step), nothing more. An adapter that is only
+    waiting there is not loaded: it waits like any other. The adapters taken: those the server reported running or
+    waiting, and those of the requests picker routed there since (``routed``). A server that reports no adapter
+    slots (``max_loras`` 0) serves base models only as far as picker knows: nothing."""
     m = endpoint.metrics
-    if m.max_loras <= 0:
+    if m.max_loras <= 0 or adapter in m.running_loras:
         return 0.0
     taken = m.running_loras | m.waiting_loras | frozenset(routed)
-    if adapter in taken or len(taken) < m.max_loras:
+    if len(taken) < m.max_loras or (adapter in routed and adapter not in m.waiting_loras):
         return 0.0
-    return answer_s / 2.0
+    return answer_s
 
 
 def resistant_line(points: Collection[tuple[float, float]]) -> tuple[float, float]:
@@ -427,7 +429,9 @@ class ServerModel:
         now = ctx.clock()
         a, c = self._fit.coefficients()
         mean_answer = self.mean_answer(model)
-        mean_prompt = self._prompt_tokens
+        # Before picker routed any prompt, a request waiting elsewhere is taken to be the size of this one: a
+        # reported queue is work, never free.
+        mean_prompt = self._prompt_tokens or max(uncached, default=0.0)
         s_tok = self.s_per_token
         speeds = self.speeds(endpoints)
         pool_cap = self.pool_capacity()

@@ -167,6 +167,24 @@ def test_an_adapter_that_cannot_load_waits_for_one_to_drain() -> None:
     assert found[0].ttft_s == found[2].ttft_s < found[1].ttft_s
 
 
+def test_an_adapter_only_waiting_where_the_slots_are_taken_waits_a_whole_answer_of_the_running_one() -> None:
+    model = ServerModel(ctx())
+    model.observe_answer("a", 100)
+    model.observe_answer("b", 100)
+    waiting = endpoint(1, loras=("b",), waiting_loras=("a",), max_loras=1)  # "a" queued behind "b", not loaded
+    free = endpoint(2, max_loras=1)
+    at_waiting, at_free = model.estimate("a", 4.0, [10.0, 10.0], [waiting, free])
+    step = at_free.tpot_s
+    assert at_waiting.ttft_s - at_free.ttft_s == pytest.approx(100 * step)
+
+
+def test_a_reported_queue_is_work_before_any_prompt_was_seen() -> None:
+    model = ServerModel(ctx())
+    pool = [endpoint(1, waiting=5), endpoint(2), endpoint(3, waiting=9)]
+    five, idle, nine = model.estimate("m", 4.0, [12.0] * 3, pool)
+    assert idle.ttft_s < five.ttft_s < nine.ttft_s
+
+
 def test_speeds_are_relative_to_the_pool_and_small_swings_count_as_none() -> None:
     model = ServerModel(ctx())
     pool = [endpoint(i) for i in range(1, 5)]
