@@ -19,8 +19,10 @@ its KV cache is full); the rest wait, first come first served. A request's time 
 * ``step_e``: the server's engine step, i.e. its time per output token, with this request in its batch:
   ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time
   grows with the batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each
-  request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU);
-  a slow server is slow at prefill too. At least one step emits the first token.
+  request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU),
+  or how many times its predicted TTFT picker's oldest request awaiting a first token there has waited, if more
+  (a stalled server shows before any answer ends); a belief that drifts back to the pool's pace by half every
+  few seconds without news. A slow server is slow at prefill too. At least one step emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
@@ -49,7 +51,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -87,6 +89,7 @@ _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's 
 # again, and they tell whether it is still slow (a server that recovered is otherwise never tried again)
 _SPEED_HALF_LIFE_S = 5.0
 _SPEED_NOISE = 1.5  # relative speeds within [1/1.5, 1.5] of the pool's median count as the pool's
+_SPEED_GAIN = 0.25  # how far one completion moves a server's speed towards what it showed
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +240,7 @@ class ServerModel:
         "_ctx",
         "_done",
         "_done_at_pin",
+        "_first_due",
         "_fit",
         "_last_arrival",
         "_mean_gap_s",
@@ -264,6 +268,9 @@ class ServerModel:
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
         self._speed_at: dict[str, float] = {}  # when each server's speed was last observed
+        # picker's requests awaiting their first token on each server, oldest first: request id -> (routed at,
+        # predicted TTFT). A first token long overdue shows a slow server before any answer ends there.
+        self._first_due: dict[str, OrderedDict[str, tuple[float, float]]] = {}
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
@@ -328,30 +335,62 @@ class ServerModel:
         return self._batch.get(key, 0.0)
 
     def speeds(self, endpoints: Sequence[Endpoint]) -> list[float]:
-        """How much slower than the pool each server is: its step against the fit, over the candidates' median, 1
+        """How much slower than the pool each server is: its step against the fit (as believed now,
+        ``_speed_now``), or how overdue its oldest awaited first token is if more, over the candidates' median; 1
         within the band of noise (``_SPEED_NOISE``: a step swings with the prefill mixed into it, and following
         that swing sends work to whichever server was lightest a moment ago)."""
-        learned, seen = self._speed, self._speed_at
-        raw = [learned.get(e.key, 1.0) for e in endpoints]
-        median = statistics.median(raw) if raw else 1.0
         now = self._ctx.clock()
+        raw = [max(self._speed_now(e.key, now), self._overdue(e.key, now)) for e in endpoints]
+        median = statistics.median(raw) if raw else 1.0
         out = []
-        for e, r in zip(endpoints, raw, strict=True):
+        for r in raw:
             f = r / median if median > 0.0 else 1.0
-            if not 1.0 / _SPEED_NOISE <= f <= _SPEED_NOISE:
-                f = 1.0 + (f - 1.0) * 0.5 ** ((now - seen.get(e.key, now)) / _SPEED_HALF_LIFE_S)
             out.append(1.0 if 1.0 / _SPEED_NOISE <= f <= _SPEED_NOISE else f)
         return out
+
+    def _speed_now(self, key: str, now: float) -> float:
+        """A server's speed factor as believed at ``now``: what it showed, drifting back to the pool's pace by half
+        every ``_SPEED_HALF_LIFE_S`` since (a server not observed lately gets requests again, and they tell whether
+        it is still slow; a server that recovered is otherwise never tried again)."""
+        speed = self._speed.get(key, 1.0)
+        at = self._speed_at.get(key)
+        if at is None or speed == 1.0:
+            return speed
+        kept: float = 0.5 ** (max(0.0, now - at) / _SPEED_HALF_LIFE_S)
+        return 1.0 + (speed - 1.0) * kept
+
+    def _overdue(self, key: str, now: float) -> float:
+        """How many times its predicted TTFT the oldest of picker's requests still awaiting a first token on
+        ``key`` has waited (0 when none awaits one)."""
+        due = self._first_due.get(key)
+        if not due:
+            return 0.0
+        if all(lease.first_token_at is not None for lease in self._ctx.inflight.leases(key)):
+            due.clear()  # those requests ended without a word to this model (a reset stream, an error)
+            return 0.0
+        routed, predicted = next(iter(due.values()))
+        return min(_MAX_SPEED, (now - routed) / predicted) if predicted > 0.0 else 0.0
+
+    def expect_first_token(self, key: str, request_id: str, now: float, ttft_s: float) -> None:
+        """One of picker's requests was routed to ``key`` at ``now``, its first token predicted in ``ttft_s``."""
+        self._first_due.setdefault(key, OrderedDict())[request_id] = (now, ttft_s)
+
+    def first_token_seen(self, key: str, request_id: str) -> None:
+        """The request's first token came (or it ended without one)."""
+        due = self._first_due.get(key)
+        if due is not None:
+            due.pop(request_id, None)
 
     def observe_step(self, key: str, batch: float, step_s: float) -> None:
         """Learn from one completed request's TPOT on ``key``, which ran in a batch of about ``batch`` requests."""
         a, c = self._fit.coefficients()
         predicted = a + c * batch
-        speed = self._speed.get(key, 1.0)
         if predicted > 0.0:
+            now = self._ctx.clock()
+            speed = self._speed_now(key, now)
             ratio = min(_MAX_SPEED, max(1.0 / _MAX_SPEED, step_s / predicted))
-            self._speed[key] = speed + 4 * _FIT_ALPHA * (ratio - speed)
-            self._speed_at[key] = self._ctx.clock()
+            self._speed[key] = speed + _SPEED_GAIN * (ratio - speed)
+            self._speed_at[key] = now
         self._fit.add(batch, step_s)
 
     def observe_answer(self, model: str, tokens: int) -> None:
@@ -412,6 +451,7 @@ class ServerModel:
             self._batch,
             self._speed,
             self._speed_at,
+            self._first_due,
             self._share,
             self._done,
             self._done_at_pin,

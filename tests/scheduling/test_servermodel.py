@@ -253,3 +253,46 @@ def test_a_slow_server_not_observed_lately_drifts_back_to_the_pools_pace() -> No
     assert model.speeds(pool)[2] > 2.0
     c.clock.advance(30.0)  # type: ignore[attr-defined]  # no request went there since: nothing says it is slow
     assert model.speeds(pool)[2] == 1.0
+
+
+def test_a_server_that_recovered_is_believed_from_where_its_slowness_had_drifted_to() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    for _ in range(200):
+        for e in pool:
+            model.observe_step(e.key, 4.0, 0.08 if e.key == pool[2].key else 0.02)
+    c.clock.advance(30.0)  # type: ignore[attr-defined]
+    model.observe_step(pool[2].key, 4.0, 0.02)  # its first answer since: as fast as the rest
+    c.clock.advance(1.0)  # type: ignore[attr-defined]
+    assert model.speeds(pool)[2] == 1.0  # not pulled back to 4x by one fast answer after 30 s unseen
+
+
+def test_a_first_token_long_overdue_shows_a_slow_server_before_any_answer_ends() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    now = c.clock()
+    for e in pool:
+        c.inflight.acquire(e.key, 20, now, prefill_tokens=10)
+        model.expect_first_token(e.key, f"r-{e.key}", now, 0.1)
+    c.clock.advance(0.12)  # type: ignore[attr-defined]  # a little late everywhere: the pool's pace
+    assert model.speeds(pool) == [1.0, 1.0, 1.0]
+    for e in pool[:2]:
+        model.first_token_seen(e.key, f"r-{e.key}")
+    c.clock.advance(0.3)  # type: ignore[attr-defined]  # server 3's first token is now 4x overdue
+    assert model.speeds(pool)[:2] == [1.0, 1.0]
+    assert model.speeds(pool)[2] == pytest.approx(4.2)
+    model.first_token_seen(pool[2].key, f"r-{pool[2].key}")
+    assert model.speeds(pool)[2] == 1.0
+
+
+def test_a_request_that_ended_without_a_first_token_is_not_overdue() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    e = endpoint(1)
+    lease = c.inflight.acquire(e.key, 20, c.clock(), prefill_tokens=10)
+    model.expect_first_token(e.key, "r", c.clock(), 0.1)
+    c.inflight.release(lease)
+    c.clock.advance(5.0)  # type: ignore[attr-defined]
+    assert model.speeds([e, endpoint(2), endpoint(3)]) == [1.0, 1.0, 1.0]

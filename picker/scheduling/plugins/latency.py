@@ -168,11 +168,13 @@ class LatencyScorer:
             return
         endpoints, found, _ = state
         target = result.targets[0].key
-        self.model.observe_arrival(self.model.now(), target)
+        now = self.model.now()
+        self.model.observe_arrival(now, target)
         for e, x in zip(endpoints, found, strict=True):
             if e.key == target:
                 pending = self._pending
                 pending[req.request_id] = x
+                self.model.expect_first_token(target, req.request_id, now, x.ttft_s)
                 if len(pending) > _PENDING_MAX:
                     pending.popitem(last=False)
                 uncached = result.cycle.get(UNCACHED_TOKENS)
@@ -181,6 +183,7 @@ class LatencyScorer:
                 return
 
     def first_token(self, req: InferenceRequest, info: ResponseInfo) -> None:
+        self.model.first_token_seen(info.endpoint_key, req.request_id)
         predicted = self._pending.get(req.request_id)
         if predicted is not None and info.ttft_s is not None:
             self.model.observe_first_token(info.ttft_s, predicted)
@@ -190,6 +193,7 @@ class LatencyScorer:
         predicted = self._pending.pop(req.request_id, None)
         if info.endpoint_key:
             self.model.observe_done(info.endpoint_key)
+            self.model.first_token_seen(info.endpoint_key, req.request_id)
         n = info.completion_tokens
         if not n:
             return
