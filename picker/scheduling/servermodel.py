@@ -15,14 +15,16 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   first served).
 * ``uncached_e``: this prompt's tokens that server does not cache (the prefix index, when one is bound).
 * a LoRA adapter not loaded where every adapter slot is taken (by what the server reported and what picker
-  routed there since) waits for one to drain: about a whole answer (the running adapter drains with its last request).
+  routed there since) waits for one to drain: about a whole answer (the running adapter drains with its last
+  request).
 * ``step_e``: the server's engine step, i.e. its time per output token, with this request in its batch:
   ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time
   grows with the batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each
   request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU),
-  or how many times its predicted TTFT picker's oldest request awaiting a first token there has waited, if more
-  (a stalled server shows before any answer ends); a belief that drifts back to the pool's pace by half every
-  few seconds without news. A slow server is slow at prefill too. At least one step emits the first token.
+  or how many times its predicted TTFT picker's oldest request awaiting a first token there has waited, over the
+  pool's usual lateness, if more (a stalled server shows before any answer ends); a belief that drifts back to the
+  pool's pace by half every few seconds without news. A slow server is slow at prefill too. At least one step
+  emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
@@ -89,7 +91,7 @@ _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's 
 # again, and they tell whether it is still slow (a server that recovered is otherwise never tried again)
 _SPEED_HALF_LIFE_S = 5.0
 _SPEED_NOISE = 1.5  # relative speeds within [1/1.5, 1.5] of the pool's median count as the pool's
-_SPEED_GAIN = 0.25  # how far one completion moves a server's speed towards what it showed
+_SPEED_GAIN = 0.08  # how far one completion moves a server's speed towards what it showed
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,15 +338,19 @@ class ServerModel:
 
     def speeds(self, endpoints: Sequence[Endpoint]) -> list[float]:
         """How much slower than the pool each server is: its step against the fit (as believed now,
-        ``_speed_now``), or how overdue its oldest awaited first token is if more, over the candidates' median; 1
+        ``_speed_now``) over the candidates' median, or if more how overdue its oldest awaited first token is
+        over the candidates' usual lateness (under load every first token is late alike, which says nothing); 1
         within the band of noise (``_SPEED_NOISE``: a step swings with the prefill mixed into it, and following
         that swing sends work to whichever server was lightest a moment ago)."""
         now = self._ctx.clock()
-        raw = [max(self._speed_now(e.key, now), self._overdue(e.key, now)) for e in endpoints]
+        raw = [self._speed_now(e.key, now) for e in endpoints]
+        late = [self._overdue(e.key, now) for e in endpoints]
         median = statistics.median(raw) if raw else 1.0
+        # Late first tokens count against the pool's own lateness: under load every server's are late alike
+        usual = max(1.0, statistics.median(max(1.0, x) for x in late)) if late else 1.0
         out = []
-        for r in raw:
-            f = r / median if median > 0.0 else 1.0
+        for r, x in zip(raw, late, strict=True):
+            f = max(r / median if median > 0.0 else 1.0, x / usual)
             out.append(1.0 if 1.0 / _SPEED_NOISE <= f <= _SPEED_NOISE else f)
         return out
 

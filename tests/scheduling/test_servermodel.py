@@ -296,3 +296,14 @@ def test_a_request_that_ended_without_a_first_token_is_not_overdue() -> None:
     c.inflight.release(lease)
     c.clock.advance(5.0)  # type: ignore[attr-defined]
     assert model.speeds([e, endpoint(2), endpoint(3)]) == [1.0, 1.0, 1.0]
+
+
+def test_first_tokens_late_everywhere_say_nothing_of_any_server() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    for e in pool:
+        c.inflight.acquire(e.key, 20, c.clock(), prefill_tokens=10)
+        model.expect_first_token(e.key, f"r-{e.key}", c.clock(), 0.1)
+    c.clock.advance(0.4)  # type: ignore[attr-defined]  # 4x late on every server: a queue the model missed
+    assert model.speeds(pool) == [1.0, 1.0, 1.0]
