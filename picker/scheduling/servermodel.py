@@ -86,6 +86,7 @@ _PINNED = 3  # reports at the same most-running count with a queue that make it 
 _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
 _FIT_ALPHA = 0.02  # the step-time fit: exponentially weighted over about the last 50 completions
+_RATE_WINDOW_S = 1.0  # picker's routing rate is counted over this much of the recent past
 _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's fit
 # A server not observed lately drifts back to the pool's pace by half every this many seconds: it gets requests
 # again, and they tell whether it is still slow (a server that recovered is otherwise never tried again)
@@ -238,14 +239,13 @@ class ServerModel:
     __slots__ = (
         "_adapters",
         "_answers",
+        "_arrivals",
         "_batch",
         "_ctx",
         "_done",
         "_done_at_pin",
         "_first_due",
         "_fit",
-        "_last_arrival",
-        "_mean_gap_s",
         "_most_running",
         "_pinned",
         "_prefill_samples",
@@ -276,8 +276,7 @@ class ServerModel:
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
-        self._last_arrival: float | None = None
-        self._mean_gap_s: float | None = None  # mean time between two requests picker routed, lately
+        self._arrivals: deque[float] = deque()  # when picker routed each request of the last _RATE_WINDOW_S
         self._share: dict[str, float] = {}  # the share of picker's requests routed to each server, lately
         self._prefill_samples: deque[tuple[float, float]] = deque(maxlen=_PREFILL_SAMPLES)
         self.s_per_token = DEFAULT_S_PER_TOKEN
@@ -408,23 +407,24 @@ class ServerModel:
 
     def observe_arrival(self, now: float, key: str) -> None:
         """A request was routed to ``key`` at ``now``: the pool's arrival rate and each server's share follow."""
-        last = self._last_arrival
-        self._last_arrival = now
         share = self._share
         for k in share:
             share[k] *= 1.0 - _ALPHA
         share[key] = share.get(key, 0.0) + _ALPHA
-        if last is None:
-            return
-        gap = max(0.0, now - last)
-        mean = self._mean_gap_s
-        self._mean_gap_s = gap if mean is None else mean + _ALPHA * (gap - mean)
+        self._arrivals.append(now)
+        self._drop_arrivals(now)
+
+    def _drop_arrivals(self, now: float) -> None:
+        arrivals = self._arrivals
+        while arrivals and arrivals[0] <= now - _RATE_WINDOW_S:
+            arrivals.popleft()
 
     @property
     def arrivals_per_s(self) -> float:
-        """Requests picker routes per second, lately (0 before two arrivals)."""
-        mean = self._mean_gap_s
-        return 1.0 / mean if mean else 0.0
+        """Requests picker routed per second over the last ``_RATE_WINDOW_S`` (a burst of a few requests a
+        millisecond apart is a few requests, not a thousand a second)."""
+        self._drop_arrivals(self._ctx.clock())
+        return len(self._arrivals) / _RATE_WINDOW_S
 
     def arrivals_at(self, key: str) -> float:
         """Requests per second picker has been routing to ``key``, lately."""
@@ -492,7 +492,7 @@ class ServerModel:
             step = speed * (a + c * (batch + 1.0))
             others_running = max(0.0, load.foreign_running + (load.own_requests - len(leases)))
             ahead_tokens = load.foreign_waiting * mean_prompt
-            ahead_tokens += self._prefill_left(leases, now, speed * s_tok)
+            ahead_tokens += self._prefill_left(leases, now, speed * s_tok, step)
             m = e.metrics
             kv_tokens = float(m.num_gpu_blocks * (m.block_size or 16)) if m.num_gpu_blocks else math.inf
             wait, next_wait = self._start_wait(
@@ -532,18 +532,18 @@ class ServerModel:
         return {lease.model for lease in leases if lease.model in known}
 
     @staticmethod
-    def _prefill_left(leases: Collection[Lease], now: float, s_per_token: float) -> float:
+    def _prefill_left(leases: Collection[Lease], now: float, s_per_token: float, step: float) -> float:
         """The prompt tokens picker's requests on a server still have to compute before their first tokens: the
-        server computes them first come first served at ``1 / s_per_token`` tokens a second, from the oldest one's
-        arrival (a request routed a moment ago behind a long prompt has nearly all of it left; one routed long
-        ago, little)."""
+        server computes them first come first served at ``1 / s_per_token`` tokens a second, from the end of the
+        step the oldest one joined (a prompt is computed in steps: none is done before its first step ends; a
+        request routed a moment ago behind a long prompt has nearly all of it left; one routed long ago, little)."""
         pending = [lease for lease in leases if lease.first_token_at is None]
         if not pending or s_per_token <= 0.0:
             return 0.0
         left = 0.0
         for lease in pending:
             left += lease.prefill_tokens
-        drained = (now - pending[0].started_at) / s_per_token
+        drained = max(0.0, now - pending[0].started_at - step) / s_per_token
         return max(0.0, left - drained)
 
     def _start_wait(

@@ -214,6 +214,8 @@ def test_prompts_routed_earlier_have_been_partly_computed() -> None:
     c.inflight.acquire(server.key, 5000, c.clock(), prefill_tokens=4000)
     at_once = model.estimate("m", 4.0, [100.0], [server])[0].prefill_tokens
     assert at_once == pytest.approx(4100.0)
+    c.clock.advance(servermodel.DEFAULT_STEP_S)  # type: ignore[attr-defined]  # the step it joined has not ended
+    assert model.estimate("m", 4.0, [100.0], [server])[0].prefill_tokens == pytest.approx(4100.0)
     c.clock.advance(4000 * servermodel.DEFAULT_S_PER_TOKEN / 2)  # type: ignore[attr-defined]
     assert model.estimate("m", 4.0, [100.0], [server])[0].prefill_tokens == pytest.approx(2100.0)
     c.clock.advance(1.0)  # type: ignore[attr-defined]
