@@ -37,15 +37,16 @@ server's speed), from the requests whose own prompt was most of what was compute
 is learned from completions; picker's routing rate, and each server's share of it, from its own decisions.
 
 What going to ``e`` costs the others, ``next_delay_e``: a typical request arriving right after this one waits for
-this one's prefill, and for a slot or KV room while this one holds it. The requests picker sends to ``e`` while
-this one waits (its recent rate there x ``ttft_e``) are all delayed so (the marginal cost of work added to a
-queue), so the scorer's cost is ``ttft_e + (answer - 1) * step_e + next_delay_e * (1 + rate_e * ttft_e)``: the
+this one's prefill, and for a slot or KV room while this one holds it. The requests arriving at ``e`` while this one
+waits (``rate_e`` x ``ttft_e``: picker's recent rate there, times all requests in flight over picker's own, which by
+Little's law counts the arrivals of other replicas and clients) are all delayed so (the marginal cost of work added
+to a queue), so the scorer's cost is ``ttft_e + (answer - 1) * step_e + next_delay_e * (1 + rate_e * ttft_e)``: the
 request's own end-to-end time (for a short answer its TTFT, for a long one mostly its TPOT) plus its delay to the
-requests behind it. Under load that keeps a prompt where it is cached (computing it elsewhere delays everyone
-queued behind it there), and a long answer away from the server the short ones go to.
+requests behind it. Under load that keeps a prompt where it is cached (computing it elsewhere delays everyone queued
+behind it there), and a long answer away from the server the short ones go to.
 
 Traffic picker did not route (other replicas, clients that bypass picker) enters through the servers' reported
-counts (``PluginContext.server_load``).
+counts (``PluginContext.server_load``): as work ahead, and as arrivals behind.
 """
 
 from __future__ import annotations
@@ -256,6 +257,7 @@ class ServerModel:
         "_speed_at",
         "prefill_base_s",
         "s_per_token",
+        "traffic_factor",
     )
 
     def __init__(self, ctx: PluginContext) -> None:
@@ -281,6 +283,9 @@ class ServerModel:
         self._prefill_samples: deque[tuple[float, float]] = deque(maxlen=_PREFILL_SAMPLES)
         self.s_per_token = DEFAULT_S_PER_TOKEN
         self.prefill_base_s = 0.0
+        # All requests in flight at the candidates over picker's own, as of the last estimate: by Little's law the
+        # ratio of everyone's arrivals to picker's (other replicas, clients that bypass picker), 1 when alone
+        self.traffic_factor = 1.0
 
     def now(self) -> float:
         return self._ctx.clock()
@@ -427,8 +432,9 @@ class ServerModel:
         return len(self._arrivals) / _RATE_WINDOW_S
 
     def arrivals_at(self, key: str) -> float:
-        """Requests per second picker has been routing to ``key``, lately."""
-        return self.arrivals_per_s * self._share.get(key, 0.0)
+        """Requests per second arriving at ``key``, lately: picker's routing there, times ``traffic_factor`` for
+        everyone else's."""
+        return self.arrivals_per_s * self._share.get(key, 0.0) * self.traffic_factor
 
     def observe_prompt(self, tokens: float) -> None:
         mean = self._prompt_tokens
@@ -481,11 +487,14 @@ class ServerModel:
         s_tok = self.s_per_token
         speeds = self.speeds(endpoints)
         pool_cap = self.pool_capacity()
+        everyone = mine = 0.0
         out: list[Estimate] = []
         for e, u, speed in zip(endpoints, uncached, speeds, strict=True):
             key = e.key
             leases = ctx.inflight.leases(key)
             load = ctx.server_load(e)
+            everyone += load.requests
+            mine += len(leases)
             cap = self.capacity(key, pool_cap)
             batch = load.requests if not cap or load.requests < cap else float(cap)
             self._batch[key] = batch
@@ -524,6 +533,7 @@ class ServerModel:
                     u,
                 )
             )
+        self.traffic_factor = max(1.0, everyone / mine) if mine else 1.0
         return out
 
     def _adapters_of(self, leases: Collection[Lease]) -> set[str]:

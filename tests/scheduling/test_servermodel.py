@@ -309,3 +309,20 @@ def test_first_tokens_late_everywhere_say_nothing_of_any_server() -> None:
         model.expect_first_token(e.key, f"r-{e.key}", c.clock(), 0.1)
     c.clock.advance(0.4)  # type: ignore[attr-defined]  # 4x late on every server: a queue the model missed
     assert model.speeds(pool) == [1.0, 1.0, 1.0]
+
+
+def test_requests_picker_did_not_route_scale_the_arrivals_it_expects() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    alone, shared = endpoint(1), endpoint(2, running=6)  # the second reports 6 running: 5 beside picker's one
+    for _ in range(10):
+        c.clock.advance(0.1)  # type: ignore[attr-defined]
+        model.observe_arrival(c.clock(), alone.key)
+    rate = model.arrivals_at(alone.key)
+    for key in (alone.key, shared.key):
+        c.inflight.acquire(key, 20, c.clock(), prefill_tokens=10)
+    model.estimate("m", 4.0, [10.0], [alone])
+    assert model.traffic_factor == 1.0  # picker's requests are all there is
+    model.estimate("m", 4.0, [10.0, 10.0], [alone, shared])
+    assert model.traffic_factor == pytest.approx(7 / 2)  # 7 in flight, 2 of them picker's: 3.5x picker's arrivals
+    assert model.arrivals_at(alone.key) == pytest.approx(3.5 * rate)
