@@ -124,7 +124,11 @@ def test_the_run_cache_reuses_runs_until_an_input_changes(tmp_path: Path, monkey
     assert evaluate(cache) == first  # every run from the cache, the same numbers
     assert ran == []
 
-    config.write_text(DEFAULT_CONFIG_TEXT.replace("weight: 2", "weight: 1"))  # the candidate changed
+    config.write_text(
+        DEFAULT_CONFIG_TEXT.replace(
+            "- type: latency-scorer", "- type: latency-scorer\n  parameters:\n    headroomTTFTWeight: 0.5"
+        )
+    )  # the candidate changed
     evaluate(cache)
     assert ran == [f"config:{config}"]
     ran.clear()

@@ -103,29 +103,34 @@ def test_a_slow_engine_takes_longer_for_the_same_work() -> None:
     assert 2.3 < slow / fast < 3.5
 
 
-def test_pickers_default_moves_off_an_engine_that_outside_traffic_overloads() -> None:
-    # Half of the traffic goes straight to sim-0. The previous default (picker's own ledger only) keeps sending
-    # it its share; the default, which reads what the servers report, sends it much less.
+@pytest.mark.parametrize("policy", ["picker", "picker-v2"])
+def test_pickers_default_moves_off_an_engine_that_outside_traffic_overloads(policy: str) -> None:
+    # Half of the traffic goes straight to sim-0. Policies blind to it (picker-v1 counts picker's own ledger only,
+    # least connections its own connections) keep sending it their share; the default and the previous one, which
+    # read what the servers report, send it much less.
     arrivals = shared_prefix(600, 60.0)
     config = LabConfig(ENGINE, engines=4, scenario=Scenario(external_share=0.5, external_target=0))
     shares, p90 = {}, {}
-    for policy in ("picker-v1", "picker"):
-        run = run_lab(config, policy, arrivals)
-        shares[policy] = Counter(r.backend for r in run.result.records)["sim-0"] / len(run.result.records)
-        p90[policy] = summarize(run.result).ttft_s.p90
-    assert shares["picker"] < 0.5 * shares["picker-v1"], shares
-    assert p90["picker"] < 0.8 * p90["picker-v1"], p90
+    for name in ("picker-v1", "lc", policy):
+        run = run_lab(config, name, arrivals)
+        shares[name] = Counter(r.backend for r in run.result.records)["sim-0"] / len(run.result.records)
+        p90[name] = summarize(run.result).ttft_s.p90
+    assert shares[policy] < 0.5 * min(shares["picker-v1"], shares["lc"]), shares
+    assert p90[policy] < 0.8 * p90["lc"], p90
+    if policy == "picker-v2":  # its prefix affinity also keeps the cache as whole as one that ignores the queue
+        assert p90[policy] < 0.8 * p90["picker-v1"], p90
 
 
-def test_pickers_default_does_not_flood_a_slow_server_with_sessions_when_it_takes_it_back() -> None:
-    # The lab's slow-server multi-turn 40 req/s (sim-0 2.5x slower), seed 0. Shunned while its answers were slow,
-    # sim-0 fell behind in the content placed on it; when its slowness eased, the spread owed it every new
-    # session until it caught up, and its first tokens ran 12 s late (5-6 s when overdue picks already counted).
-    # Now it is owed at most one prompt, and the picks waiting on it count before their first tokens come.
+def test_the_previous_default_does_not_flood_a_slow_server_with_sessions_when_it_takes_it_back() -> None:
+    # The lab's slow-server multi-turn 40 req/s (sim-0 2.5x slower), seed 0, with picker-v2's cold spread.
+    # Shunned while its answers were slow, sim-0 fell behind in the content placed on it; when its slowness eased,
+    # the spread owed it every new session until it caught up, and its first tokens ran 12 s late (5-6 s when
+    # overdue picks already counted). Now it is owed at most one prompt (``coldSpreadDebtLimit``), and the picks
+    # waiting on it count before their first tokens come.
     multi_turn = EVAL_WORKLOADS["multi-turn"]
     arrivals = poisson_schedule(multi_turn.make(0), 40.0, 1500, 0)
     config = LabConfig(multi_turn.engine, engines=8, seed=0, scenario=Scenario(slowdowns=(2.5,)))
-    run = run_lab(config, "picker", arrivals)
+    run = run_lab(config, "picker-v2", arrivals)
     assert len(run.result.records) == 1500
     worst = max(r.ttft_s or 0.0 for r in run.result.records)
     assert worst < 3.0, worst
@@ -173,19 +178,19 @@ def test_pickers_default_takes_a_recovered_server_back_without_flooding_it() -> 
 
 
 def test_cold_spread_home_puts_each_prefix_on_one_server_across_independent_routers(home_config: Path) -> None:
-    # Four routers that do not tell each other where they sent what: with picker's default each places a new
-    # system prompt on its own least placed server, so a prefix gets a home per router; with coldSpreadHome
+    # Four routers that do not tell each other where they sent what: with picker's previous default each places
+    # a new system prompt on its own least placed server, so a prefix gets a home per router; with coldSpreadHome
     # every router computes the same home for it.
     config = home_config
     lab = LabConfig(ENGINE, engines=4, scenario=Scenario(replicas=4))
     arrivals = shared_prefix(240, 20.0)
     servers_per_prefix = {}
-    for policy in ("picker", f"config:{config}"):
+    for policy in ("picker-v2", f"config:{config}"):
         run = run_lab(lab, policy, arrivals)
         assert summarize(run.result).ok == 240
         homes: dict[str, set[str | None]] = {}
         for r in run.result.records:
             homes.setdefault(r.tag, set()).add(r.backend)
         servers_per_prefix[policy] = sum(len(s) for s in homes.values()) / len(homes)
-    assert servers_per_prefix["picker"] > 1.5, servers_per_prefix
+    assert servers_per_prefix["picker-v2"] > 1.5, servers_per_prefix
     assert servers_per_prefix[f"config:{config}"] == 1.0, servers_per_prefix

@@ -277,18 +277,14 @@ LAB_CONFIG = (
     HEAD
     + """\
 plugins:
+- type: latency-scorer
 - type: prefix-cache-scorer
-  parameters: {scoreMode: tokens, coldSpread: 1.0}
-- type: token-load-scorer
-  parameters: {queueThresholdTokens: 32768}
 - type: picker_label_affinity:TpotTrendScorer
 schedulingProfiles:
 - name: default
   plugins:
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: token-load-scorer
-    weight: 2
+  - pluginRef: latency-scorer
+    weight: 1
   - pluginRef: picker_label_affinity:TpotTrendScorer
     weight: 1
 """

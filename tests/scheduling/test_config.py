@@ -6,11 +6,12 @@ import logging
 from pathlib import Path
 
 import pytest
-import yaml
 
 from picker import errors
+from picker.bench.policies import V2_CONFIG_TEXT
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, SchedulerConfig, load_config, load_config_file
 from picker.scheduling.plugins import datalayer, saturation
+from picker.scheduling.plugins.latency import LatencyScorer
 from picker.scheduling.plugins.prefix import PrefixCacheScorer
 from picker.scheduling.plugins.token_load import TokenLoadScorer
 from picker.scheduling.spec import ConfiguredPlugin
@@ -138,31 +139,17 @@ def _load(text: str) -> SchedulerConfig:
 # -- reference configurations -------------------------------------------------------------------------------
 
 
-def test_builtin_default_is_the_lab_choice() -> None:
-    # picker's default (chosen in the policy lab, docs/scheduling.md): token-scored prefix affinity with a
-    # hot-prefix cap, token load blended from the servers' reports and picker's ledger, relative TTFT, LoRA
-    # affinity; the reference default stays loadable as plain config text (next test).
+def test_builtin_default_is_the_server_model() -> None:
+    # picker's default (docs/scheduling.md, "The default: the server model"): latency-scorer alone in the profile,
+    # its prefix term from the declared prefix-cache-scorer's index; the reference default and picker's previous
+    # one stay loadable as plain config text (next tests).
     config = load_config(None, ctx())
     assert list(config.profiles) == ["default"]
-    assert _weights(config) == {
-        "prefix-cache-scorer": 3.0, "token-load-scorer": 2.0, "relative-ttft-scorer": 1.0, "lora-affinity-scorer": 1.0
-    }  # fmt: skip
-    prefix_scorer = config.plugins["prefix-cache-scorer"]
-    assert isinstance(prefix_scorer, PrefixCacheScorer)
-    params = prefix_scorer.params
-    assert (params.score_mode, params.cold_spread, params.max_load_factor, params.load_cap_floor) == (
-        "tokens", 1.0, 3.0, 8
-    )  # fmt: skip
-    assert (params.cold_spread_speed_from, params.cold_spread_speed_max_tokens) == ("relative-ttft-scorer", 32)
-    assert (params.cold_spread_placed_when_full, params.cold_spread_debt_limit) == (True, 1.0)
-    load_scorer = config.plugins["token-load-scorer"]
-    assert isinstance(load_scorer, TokenLoadScorer)
-    assert load_scorer.blended  # the servers' reports count, not only picker's ledger
-    declared = {p["type"]: p.get("parameters", {}) for p in yaml.safe_load(DEFAULT_CONFIG_TEXT)["plugins"]}
-    load_params = declared["token-load-scorer"]
-    assert (
-        load_params["prefillPendingTokens"], load_params["prefillPendingSpeedFrom"], load_params["shortPromptTokens"]
-    ) == (512, "relative-ttft-scorer", 32)  # fmt: skip
+    assert _weights(config) == {"latency-scorer": 1.0}
+    latency = config.plugins["latency-scorer"]
+    assert isinstance(latency, LatencyScorer)
+    assert isinstance(config.plugins["prefix-cache-scorer"], PrefixCacheScorer)
+    assert latency._prefix is config.plugins["prefix-cache-scorer"]  # bound by prefixFrom
     profile = config.profiles["default"]
     assert profile.picker.type == "max-score-picker"
     assert profile.filters == ()
@@ -187,6 +174,21 @@ def test_reference_default_still_loads() -> None:
     assert _weights(_load(reference)) == {
         "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0
     }  # fmt: skip
+
+
+def test_the_previous_default_still_loads() -> None:
+    # picker's default before the server model (the lab's ``picker-v2``): token-scored prefix affinity with a
+    # hot-prefix cap, token load blended from the servers' reports and picker's ledger, relative TTFT, LoRA
+    config = _load(V2_CONFIG_TEXT)
+    assert _weights(config) == {
+        "prefix-cache-scorer": 3.0, "token-load-scorer": 2.0, "relative-ttft-scorer": 1.0, "lora-affinity-scorer": 1.0
+    }  # fmt: skip
+    prefix_scorer = config.plugins["prefix-cache-scorer"]
+    assert isinstance(prefix_scorer, PrefixCacheScorer)
+    assert (prefix_scorer.params.cold_spread, prefix_scorer.params.max_load_factor) == (1.0, 3.0)
+    load_scorer = config.plugins["token-load-scorer"]
+    assert isinstance(load_scorer, TokenLoadScorer)
+    assert load_scorer.blended
 
 
 def test_default_text_loads_the_same() -> None:

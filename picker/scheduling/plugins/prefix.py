@@ -18,8 +18,8 @@ capacity from its ``num_gpu_blocks``); ``maxPrefixBlocksToMatch`` 256; ``maxPref
 the block limit); ``lruCapacityPerServer`` 31250 blocks; ``blockSize`` (deprecated, characters; used only when
 ``blockSizeTokens`` is not given).
 
-picker's options, all off by default so the reference behaviour is unchanged (which of them picker's built-in
-default turns on, and why: docs/scheduling.md, "The default"):
+picker's options, all off by default so the reference behaviour is unchanged (which of them picker's previous
+default, ``picker-v2``, turns on, and why: docs/scheduling.md, "The previous default"):
 
 * ``scoreMode`` ``ratio`` (reference) | ``tokens``: score = min(1, matched_tokens / ``saturationTokens`` (2048)),
   matched_tokens = P * min(1, matched_blocks * block_chars / prompt_chars), P the prompt's tokens from a

@@ -38,7 +38,7 @@ in a pool of two, the faster of them; when only one candidate has samples, a ful
 count as 1, so a server that affinity sends everything to is still compared with the norm), ``1`` for an
 endpoint within ``(1 + tolerance) * ref`` or without samples, else ``(1 + tolerance) * ref / slowness``:
 ordinary jitter changes nothing, a server twice as slow as the pool scores about 0.6. How it behaves with slow
-servers: docs/scheduling.md, "The default" (Relative TTFT).
+servers: docs/scheduling.md, "The previous default" (relative-ttft-scorer).
 
 Parameters: ``tolerance`` 0.25 (≥ 0), ``memorySeconds`` 30 (> 0). Inputs: the PreRequest hook (picker's
 uncached-token estimate from a prefix plugin earlier in the cycle), the FirstToken hook (TTFT), the PostResponse

@@ -10,7 +10,7 @@ those its peers reported.
 
 Parameters (reference names and defaults): ``queueThresholdTokens`` 4 194 304 (128 requests * 32K tokens);
 ``inFlightLoadProducerName`` (accepted; picker has one in-flight tracker). picker's, off by default (what
-picker's built-in default sets, and why: docs/scheduling.md, "The default"):
+picker's previous default, ``picker-v2``, sets, and why: docs/scheduling.md, "The previous default"):
 
 * ``loadSource`` ``ledger`` (default, the reference's) | ``blended``: the in-flight part also counts what each
   server reported beyond picker's own requests (``PluginContext.server_load``: the last scrape corrected by what

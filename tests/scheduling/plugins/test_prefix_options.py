@@ -8,11 +8,12 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
+from picker.bench.policies import V2_CONFIG_TEXT
 from picker.endpoints.model import Endpoint
 from picker.plugins import Category, CycleState, PluginContext, ProfileResult, ResponseInfo, SchedulingResult
 from picker.request.model import InferenceRequest
 from picker.scheduling import speed
-from picker.scheduling.config import DEFAULT_CONFIG_TEXT, load_config
+from picker.scheduling.config import load_config
 from picker.scheduling.plugins import lmetric, prefix
 from picker.scheduling.plugins.prefix import MATCH_STATE, PrefixMatch, match_key
 from tests.conftest import endpoint, request
@@ -199,7 +200,7 @@ def test_cold_spread_lora_fit_keeps_an_adapter_off_servers_it_would_wait_on() ->
 
 
 def test_the_relative_ttft_scorer_is_a_speed_source_for_the_spread() -> None:
-    config = load_config(DEFAULT_CONFIG_TEXT, ctx())
+    config = load_config(V2_CONFIG_TEXT, ctx())  # picker's previous default
     scorer = config.plugins["prefix-cache-scorer"]
     assert isinstance(scorer, prefix.PrefixCacheScorer)
     assert isinstance(config.plugins["relative-ttft-scorer"], speed.SpeedSource)
@@ -475,8 +476,8 @@ def test_placed_when_full_reads_the_index_size_from_the_servers_kv_blocks() -> N
     assert by_key(scorer.score(cold, pool, CycleState())) == {E1: 0.0, E2: 0.5, E3: 0.5}  # placed: 4, 2, 2
 
 
-def test_the_default_spreads_by_placed_blocks_when_full() -> None:
-    scorer = load_config(DEFAULT_CONFIG_TEXT, ctx()).plugins["prefix-cache-scorer"]
+def test_the_previous_default_spreads_by_placed_blocks_when_full() -> None:
+    scorer = load_config(V2_CONFIG_TEXT, ctx()).plugins["prefix-cache-scorer"]
     assert isinstance(scorer, prefix.PrefixCacheScorer)
     assert scorer.params.cold_spread_placed_when_full
     assert prefix.Params().cold_spread_placed_when_full is False
