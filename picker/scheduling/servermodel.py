@@ -310,7 +310,8 @@ class ServerModel:
             if m.running > most.get(key, 0):
                 most[key] = m.running
                 pinned[key] = 0
-            if m.waiting > 0 and m.running == most.get(key, 0) and m.kv_usage < _KV_BOUND:
+            # (none running while some wait is no slot limit: an adapter that cannot load, a server starting)
+            if m.waiting > 0 and 0 < m.running == most.get(key, 0) and m.kv_usage < _KV_BOUND:
                 done = self._done.get(key, 0)
                 if done > self._done_at_pin.get(key, -1):
                     self._done_at_pin[key] = done
@@ -333,7 +334,8 @@ class ServerModel:
 
     def pool_capacity(self) -> int:
         """The median of the slot limits known in the pool (0: none known)."""
-        known = [self._most_running[k] for k, n in self._pinned.items() if n >= _PINNED]
+        most = self._most_running
+        known = [most.get(k, 0) for k, n in self._pinned.items() if n >= _PINNED]
         return int(statistics.median(known)) if known else 0
 
     def batch(self, key: str) -> float:

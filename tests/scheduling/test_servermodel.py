@@ -109,6 +109,13 @@ def test_a_queue_that_no_finished_request_drained_is_no_slot_limit() -> None:
     assert model.capacity(key) == 0
 
 
+def test_requests_waiting_with_none_running_are_no_slot_limit() -> None:
+    model = ServerModel(ctx())
+    _reports(model, (999.6, 999.7, 999.8, 999.9), (1, 3, 0, 0.0), (2, 1, 4, 0.0))  # an adapter that cannot load
+    assert model.capacity(_report(1, 0, 0, 0.0).key) == 4  # the pool's known limit, not 0
+    assert model.estimate("m", 4.0, [10.0], [_report(1, 3, 0, 999.9)])[0].ttft_s > 0.0
+
+
 def test_a_queue_while_the_batch_grows_is_no_slot_limit() -> None:
     model = ServerModel(ctx())
     model.observe_reports([_report(1, 2, 0, 999.4)])  # a server that has run nothing yet, with a queue
