@@ -377,7 +377,7 @@ class ServerModel:
         due = self._first_due.get(key)
         if not due:
             return 0.0
-        if all(lease.first_token_at is not None for lease in self._ctx.inflight.leases(key)):
+        if self._ctx.inflight.load(key).prefilling == 0:
             due.clear()  # those requests ended without a word to this model (a reset stream, an error)
             return 0.0
         routed, predicted = next(iter(due.values()))
