@@ -135,7 +135,7 @@ def headings(doc: Path) -> list[str]:
 def test_section_links_name_a_heading() -> None:
     """A section a docstring or comment points to is (the start of) a heading of that doc."""
     links = [(path, *link) for path in sorted(PACKAGE.rglob("*.py")) for link in section_links(path)]
-    assert len(links) >= 10  # the pattern reads the links the code has
+    assert len(links) >= 5  # the pattern reads the links the code has
     broken = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {doc}, {section!r}"
         for path, line, doc, section in links

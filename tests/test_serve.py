@@ -26,7 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from picker import app, errors, serve
 from picker.bench import procs
 from picker.bench.extproc_client import build_messages
-from picker.bench.policies import V2_CONFIG_TEXT
+from picker.bench.policies import PREVIOUS_CONFIG_TEXT
 from picker.discovery.kubesettings import KubeSettings
 from picker.settings import PeerSettings, ServerSettings, Settings
 from picker.telemetry.merge import CounterCarry, merge_pages
@@ -353,10 +353,10 @@ def connected_pids(port: int, pids: list[int]) -> set[int]:
 
 async def test_two_workers_share_the_port_and_schedule_as_one(tmp_path: Path) -> None:
     polls = Counter[str]()
-    # picker-v2's token load counts every request in flight, the other worker's included: the shared ledger is what
+    # picker-v1's token load counts every request in flight, the other worker's included: the shared ledger is what
     # is checked. (The default, the server model, counts a request in flight on a server of unknown slots only by
     # its share of the step, which it has not learned before any answer ends: ties there are random.)
-    pinned = f"--config-text={V2_CONFIG_TEXT}"
+    pinned = f"--config-text={PREVIOUS_CONFIG_TEXT}"
     async with workers(tmp_path, pinned, polls=polls) as (child, grpc_port, metrics_port):
         await until_page(metrics_port, 'picker_workers{state="scraped"}', 2, child)
         await until_page(metrics_port, 'inference_pool_ready_pods{name="static"}', ENDPOINTS, child)

@@ -93,7 +93,6 @@ BASELINE_POLICIES = (
     "cache-aware",
     "lmetric",
     PREVIOUS,
-    "picker-v2",
 )
 ENGINES = 8
 PLAIN = "plain"

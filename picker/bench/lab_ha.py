@@ -3,7 +3,7 @@
     picker bench lab-ha                                  # the acceptance table of docs/ha.md (~3 min on 2 cores)
     picker bench lab-ha --delays-ms 1,5,20 --loss 0.1    # sensitivity to the exchange's delay, lost batches
     picker bench lab-ha --quick                          # small (tests)
-    picker bench lab-ha --config home.yaml               # another configuration (e.g. coldSpreadHome)
+    picker bench lab-ha --config my.yaml                 # another configuration
 
 For each workload and rate (shared-prefix at 40 and 160 req/s, multi-turn at 20 and 40: below and past the knee,
 as ``lab-eval``'s scenarios), picker's default on 8 simulated engines with 1 replica, and with 2 and 4 replicas

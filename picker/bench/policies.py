@@ -22,7 +22,6 @@ director does), so every policy reads the same router-tracked load:
 * ``reference`` picker's scheduler with the reference default configuration (queue 2, KV 2, prefix 3);
   ``picker`` picker's scheduler with its built-in default (``load_config(None)``); ``picker-v1`` its first
   default (prefix 3 + token load 2 + LoRA 1 on picker's own ledger only; pinned, ``PREVIOUS_CONFIG_TEXT``);
-  ``picker-v2`` the default before the capacity-aware load model (pinned, ``V2_CONFIG_TEXT``);
   ``config:PATH`` picker's scheduler with any EndpointPickerConfig file, user plugins (``module:Class``) included.
 
 Scheduler policies are the production ``Scheduler``; ``routed`` and ``completed`` call its ``pre_request`` and
@@ -49,7 +48,6 @@ __all__ = [
     "POLICY_NAMES",
     "PREVIOUS_CONFIG_TEXT",
     "REFERENCE_CONFIG_TEXT",
-    "V2_CONFIG_TEXT",
     "CacheAware",
     "EnvoyLeastRequest",
     "LMetric",
@@ -108,52 +106,6 @@ schedulingProfiles:
     weight: 2
   - pluginRef: lora-affinity-scorer
     weight: 1
-"""
-
-
-# picker's second built-in default (prefix 3 with cold spread and its options, blended token load 2, relative TTFT
-# 1, LoRA 1), the one before the capacity-aware load model: pinned so the lab keeps comparing with it.
-V2_CONFIG_TEXT = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefix-cache-scorer
-  parameters:
-    scoreMode: tokens
-    coldSpread: 1.0
-    maxLoadFactor: 3.0
-    loadCapFloor: 8
-    coldSpreadSpeedFrom: relative-ttft-scorer
-    coldSpreadPlacedWhenFull: true
-    coldSpreadLoraFit: true
-    coldSpreadDebtLimit: 1
-- type: token-load-scorer
-  parameters:
-    queueThresholdTokens: 32768
-    loadSource: blended
-    prefillPendingTokens: 512
-    prefillPendingSpeedFrom: relative-ttft-scorer
-    shortPromptTokens: 32
-- type: relative-ttft-scorer
-- type: lora-affinity-scorer
-- type: metrics-data-source
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: token-load-scorer
-    weight: 2
-  - pluginRef: relative-ttft-scorer
-    weight: 1
-  - pluginRef: lora-affinity-scorer
-    weight: 1
-dataLayer:
-  sources:
-  - pluginRef: metrics-data-source
-    extractors:
-    - pluginRef: core-metrics-extractor
 """
 
 
@@ -449,7 +401,7 @@ _ALIASES = {
     "power-of-two": "p2c",
     "cache_aware": "cache-aware",
 }
-POLICY_NAMES = (*BASELINES, "reference", "picker", "picker-v1", "picker-v2", "config:PATH")
+POLICY_NAMES = (*BASELINES, "reference", "picker", "picker-v1", "config:PATH")
 
 
 def make_policy(spec: str, ctx: PluginContext) -> Policy:
@@ -466,8 +418,6 @@ def make_policy(spec: str, ctx: PluginContext) -> Policy:
         return SchedulerPolicy(name, Scheduler(load_config(None, ctx), ctx))
     if name == "picker-v1":
         return SchedulerPolicy(name, Scheduler(load_config(PREVIOUS_CONFIG_TEXT, ctx), ctx))
-    if name == "picker-v2":
-        return SchedulerPolicy(name, Scheduler(load_config(V2_CONFIG_TEXT, ctx), ctx))
     factory = BASELINES.get(name)
     if factory is None:
         raise ValueError(f"unknown policy {spec!r}; choose from {', '.join(POLICY_NAMES)}")

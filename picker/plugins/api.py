@@ -78,7 +78,7 @@ class CycleState(dict[str, Any]):
 # A cycle-state flag a scorer sets (``cycle[ROTATE_TIES] = True``) when its scores leave servers tied by design:
 # it counted what decides this request's wait, and nothing differed. ``max-score-picker`` then breaks that
 # request's ties by a rotation (kept over the flagged requests only), not at random, so such requests are spaced
-# evenly (token-load-scorer's ``shortPromptTokens``). Pickers that do not rank by score ignore it.
+# evenly. Pickers that do not rank by score ignore it.
 ROTATE_TIES = "picker.rotate-ties"
 
 # A cycle-state entry a scorer that knows each candidate's prefix cache sets: endpoint key -> the prompt tokens

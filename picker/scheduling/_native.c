@@ -13,7 +13,6 @@
  *   tokens_of(...), select(...), LoadTable: the large-pool pre-filter's pass (picker/scheduling/prefilter.py),
  *       below.
  *   PrefixIndex: the whole approximate prefix index (learning, eviction, the match walk), below.
- *   rendezvous(anchor, endpoints) -> str: the cold prompt's home of prefix-cache-scorer's coldSpreadHome.
  *
  * XXH64 below is the scalar algorithm of the xxHash specification (Yann Collet, BSD-2-Clause),
  * doc/xxhash_spec.md, written out here so the build needs nothing but the compiler.
@@ -1146,62 +1145,7 @@ static PyTypeObject PrefixIndexType = {
     .tp_getset = PrefixIndex_getset,
 };
 
-/* prefix.rendezvous_home: the key of the endpoint ranking first for ``anchor`` (a 64-bit block hash): for each
- * endpoint, splitmix64's finalizer over anchor ^ xxh64(utf8(key), seed 0), the highest wins (the smaller key
- * among equals). NULL with an exception for a key that is not a str or an anchor that is not a 64-bit int. */
-static PyObject *rendezvous(PyObject *self, PyObject *args) {
-    PyObject *anchor_obj, *endpoints;
-    if (!PyArg_ParseTuple(args, "OO", &anchor_obj, &endpoints)) return NULL;
-    uint64_t anchor = PyLong_AsUnsignedLongLong(anchor_obj);
-    if (anchor == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    PyObject *seq = PySequence_Fast(endpoints, "endpoints must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *best_key = NULL;
-    uint64_t best = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = attr(items[i], &a_key);
-        if (key == NULL) goto fail;
-        Py_ssize_t len;
-        const char *utf8 = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &len) : NULL;
-        if (utf8 == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "endpoint keys must be str");
-            Py_DECREF(key);
-            goto fail;
-        }
-        uint64_t z = (anchor ^ xxh64((const unsigned char *)utf8, (size_t)len, 0)) + 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        int better = best_key == NULL || z > best;
-        if (!better && z == best) {
-            int lower = PyUnicode_Compare(key, best_key);
-            if (lower == -1 && PyErr_Occurred()) {
-                Py_DECREF(key);
-                goto fail;
-            }
-            better = lower < 0;
-        }
-        if (better) {
-            Py_XDECREF(best_key);
-            best_key = key;
-            best = z;
-        } else {
-            Py_DECREF(key);
-        }
-    }
-    Py_DECREF(seq);
-    if (best_key == NULL) return PyUnicode_FromString("");
-    return best_key;
-fail:
-    Py_XDECREF(best_key);
-    Py_DECREF(seq);
-    return NULL;
-}
-
 static PyMethodDef methods[] = {
-    {"rendezvous", rendezvous, METH_VARARGS, "The key ranking first for an anchor hash (prefix.rendezvous_home)."},
     {"tokens_of", tokens_of, METH_VARARGS, "Estimated in-flight tokens per endpoint (serverload.tokens_of)."},
     {"select", select_, METH_VARARGS, "The k least loaded endpoints and the prefix holders, in order."},
     {"prefix_hashes", prefix_hashes, METH_VARARGS, "The chained xxh64 block hashes of a prompt."},

@@ -6,15 +6,14 @@ candidates is cut to
 
     the k candidates with the fewest estimated in-flight tokens (``PluginContext.server_tokens``: picker's
     ledger plus what the server last reported beyond it; ties: the earlier candidate)
-  and every candidate that holds at least one of the request's prefix blocks (any prefix plugin's index),
-  and a cold prompt's home (``coldSpreadHome``)
+  and every candidate that holds at least one of the request's prefix blocks (any prefix plugin's index)
 
 in their original order. A pool of k or fewer candidates is passed on as the very same sequence, so decisions
 (and the random tie-breaks) are unchanged there. What it can change at larger pools: a candidate outside both
 sets is never scored, so a scorer that would have preferred it for another reason does not get the chance - an
 endpoint with a LoRA adapter loaded but more load than the k-th, the emptiest cache (``coldSpread``) among the
 busier endpoints, a server with a fast TTFT among the busier ones; min-max scorers (queue, running, kv-cache)
-normalize over the kept set, and the hot-prefix cap (``maxLoadFactor``) takes its mean over the kept set.
+normalize over the kept set.
 The cut costs one pass over the pool (the token estimate and the selection, in C when ``scheduling.native`` is
 built, else ``serverload.tokens_of`` and ``py_select``) instead of every scorer's. In C, the pool's reported loads
 are read once per candidate tuple (``_native.LoadTable``: the snapshot's candidates are the same tuple from one
@@ -35,7 +34,7 @@ from picker.request.model import InferenceRequest
 from picker.scheduling import native
 from picker.scheduling.framework import CycleState, PluginContext
 
-__all__ = ["ColdHome", "Prefilter", "PrefixHolders", "py_select"]
+__all__ = ["Prefilter", "PrefixHolders", "py_select"]
 
 
 @runtime_checkable
@@ -47,25 +46,13 @@ class PrefixHolders(Protocol):
     ) -> Mapping[str, int]: ...
 
 
-@runtime_checkable
-class ColdHome(Protocol):
-    """A prefix plugin that sends a cold prompt to one home endpoint (``prefix-cache-scorer`` with
-    ``coldSpreadHome``): the pre-filter keeps that endpoint."""
-
-    @property
-    def gives_homes(self) -> bool: ...
-
-    def cold_home(self, req: InferenceRequest, endpoints: Sequence[Endpoint], cycle: CycleState) -> str | None: ...
-
-
 class Prefilter:
-    __slots__ = ("_ctx", "_holders", "_homes", "_table", "k")
+    __slots__ = ("_ctx", "_holders", "_table", "k")
 
     def __init__(self, k: int, ctx: PluginContext, holders: Sequence[PrefixHolders] = ()) -> None:
         self.k = k
         self._ctx = ctx
         self._holders = tuple(holders)
-        self._homes = tuple(h for h in self._holders if isinstance(h, ColdHome) and h.gives_homes)
         fast = native.module
         self._table = fast.LoadTable() if fast is not None else None
 
@@ -77,10 +64,6 @@ class Prefilter:
         held: set[str] = set()
         for source in self._holders:
             held.update(source.prefix_holders(req, endpoints, cycle))
-        for homing in self._homes:
-            # A cold prompt's home (coldSpreadHome) is ranked over the whole pool, so it must be among the kept.
-            if (home := homing.cold_home(req, endpoints, cycle)) is not None:
-                held.add(home)
         fast = native.module
         table = self._table
         if fast is not None and table is not None:

@@ -33,7 +33,6 @@ from picker.scheduling.plugins import (
     prefix,
     queue,
     random_picker,
-    relative_ttft,
     roles,
     running,
     saturation,
@@ -66,7 +65,6 @@ BUILTINS: Mapping[str, PluginSpec[Any]] = MappingProxyType(
             no_hit_lru.SPEC,
             picker_load.SPEC,
             lmetric.SPEC,
-            relative_ttft.SPEC,
             # filters (the saturation detectors below are filters too)
             label_selector.SPEC,
             label_selector.BY_LABEL_SELECTOR_SPEC,

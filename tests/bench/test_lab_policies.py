@@ -184,13 +184,3 @@ def test_envoy_least_request_draws_two_hosts_with_replacement() -> None:
         picks.append(got)
     # The idle host wins whenever it is drawn (7 in 16 pairs); a pair without it picks its first host.
     assert picks.count(EPS[0]) / len(picks) == pytest.approx(7 / 16, abs=0.07)
-
-
-def test_picker_v2_is_the_pinned_second_default() -> None:
-    policy = make_policy("picker-v2", ctx())
-    assert isinstance(policy, SchedulerPolicy)
-    profile = policy.scheduler.config.profiles["default"]
-    assert [(w.scorer.type, w.weight) for w in profile.scorers] == [
-        ("prefix-cache-scorer", 3.0), ("token-load-scorer", 2.0), ("relative-ttft-scorer", 1.0),
-        ("lora-affinity-scorer", 1.0),
-    ]  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -103,11 +102,11 @@ def test_a_slow_engine_takes_longer_for_the_same_work() -> None:
     assert 2.3 < slow / fast < 3.5
 
 
-@pytest.mark.parametrize("policy", ["picker", "picker-v2"])
-def test_pickers_default_moves_off_an_engine_that_outside_traffic_overloads(policy: str) -> None:
+def test_pickers_default_moves_off_an_engine_that_outside_traffic_overloads() -> None:
     # Half of the traffic goes straight to sim-0. Policies blind to it (picker-v1 counts picker's own ledger only,
-    # least connections its own connections) keep sending it their share; the default and the previous one, which
-    # read what the servers report, send it much less.
+    # least connections its own connections) keep sending it their share; the default, which reads what the
+    # servers report, sends it much less.
+    policy = "picker"
     arrivals = shared_prefix(600, 60.0)
     config = LabConfig(ENGINE, engines=4, scenario=Scenario(external_share=0.5, external_target=0))
     shares, p90 = {}, {}
@@ -117,25 +116,6 @@ def test_pickers_default_moves_off_an_engine_that_outside_traffic_overloads(poli
         p90[name] = summarize(run.result).ttft_s.p90
     assert shares[policy] < 0.5 * min(shares["picker-v1"], shares["lc"]), shares
     assert p90[policy] < 0.8 * p90["lc"], p90
-    if policy == "picker-v2":  # its prefix affinity also keeps the cache as whole as one that ignores the queue
-        assert p90[policy] < 0.8 * p90["picker-v1"], p90
-
-
-def test_the_previous_default_does_not_flood_a_slow_server_with_sessions_when_it_takes_it_back() -> None:
-    # The lab's slow-server multi-turn 40 req/s (sim-0 2.5x slower), seed 0, with picker-v2's cold spread.
-    # Shunned while its answers were slow, sim-0 fell behind in the content placed on it; when its slowness eased,
-    # the spread owed it every new session until it caught up, and its first tokens ran 12 s late (5-6 s when
-    # overdue picks already counted). Now it is owed at most one prompt (``coldSpreadDebtLimit``), and the picks
-    # waiting on it count before their first tokens come.
-    multi_turn = EVAL_WORKLOADS["multi-turn"]
-    arrivals = poisson_schedule(multi_turn.make(0), 40.0, 1500, 0)
-    config = LabConfig(multi_turn.engine, engines=8, seed=0, scenario=Scenario(slowdowns=(2.5,)))
-    run = run_lab(config, "picker-v2", arrivals)
-    assert len(run.result.records) == 1500
-    worst = max(r.ttft_s or 0.0 for r in run.result.records)
-    assert worst < 3.0, worst
-    on_slow = sum(r.backend == "sim-0" for r in run.result.records)
-    assert 0.02 * 1500 < on_slow < 0.125 * 1500, on_slow  # still used (it is 40 % of a server), less than even
 
 
 @pytest.mark.parametrize(("slowdown", "rate"), [(15.0, 20.0), (100.0, 20.0), (100.0, 100.0)])
@@ -143,10 +123,8 @@ def test_pickers_default_keeps_off_an_engine_that_stays_much_slower_without_floo
     slowdown: float, rate: float
 ) -> None:
     # Short prompts on 8 engines, sim-0 15x or 100x slower throughout. Once its first tokens show it (or go
-    # missing), the default sends it next to nothing, and keeps doing so when its last answer grows old: it used
-    # to forget the slowness after memorySeconds and send sim-0 the share its spread had held back (15x: 68 of 100
-    # requests in 5 s), to see a 100x server only when its slow answers ended (81 requests, least connections
-    # 8-16), and at 100 req/s only when its first late token came (42; least connections 33).
+    # missing), the default sends it next to nothing, and keeps doing so when its last answer grows old (least
+    # connections sends a 100x server 8-16 requests at 20 req/s, 33 at 100 req/s).
     short_long = EVAL_WORKLOADS["short-long"]  # the lab's engines and workload
     arrivals = poisson_schedule(short_long.make(0).make(), rate, 1500, 0)
     scenario = Scenario(slowdowns=(slowdown,))
@@ -160,9 +138,9 @@ def test_pickers_default_keeps_off_an_engine_that_stays_much_slower_without_floo
 
 def test_pickers_default_takes_a_recovered_server_back_without_flooding_it() -> None:
     # Short and long prompts at 20 req/s on 8 engines; sim-0 15x slower for the first 70 s, then as fast as the
-    # rest. Its cache had the least content, and the cold spread sent it every new long prompt until that had
-    # caught up (191 of the ~200 requests of one 10 s window): the 30 s after the recovery had a p90 TTFT of
-    # 80 ms against least connections' 59. The hot-prefix cap now holds for new content too.
+    # rest. Its cache has the least content: a policy that sends new prompts to the emptiest cache floods it once
+    # it is fast again (191 of the ~200 requests of one 10 s window, a p90 TTFT of 80 ms against least
+    # connections' 59 in the 30 s after the recovery).
     short_long = EVAL_WORKLOADS["short-long"]
     arrivals = poisson_schedule(short_long.make(0).make(), 20.0, 2400, 0)
     scenario = Scenario(slowdowns=(15.0,), recover_at_s=70.0)
@@ -175,22 +153,3 @@ def test_pickers_default_takes_a_recovered_server_back_without_flooding_it() -> 
             to_slow = Counter(int(r.start_s // 10) for r in run.result.records if r.backend == "sim-0")
             assert to_slow[8] + to_slow[9] + to_slow[10] > 30, to_slow  # it does take work again
     assert p90["picker"] < 1.1 * p90["lc"], p90
-
-
-def test_cold_spread_home_puts_each_prefix_on_one_server_across_independent_routers(home_config: Path) -> None:
-    # Four routers that do not tell each other where they sent what: with picker's previous default each places
-    # a new system prompt on its own least placed server, so a prefix gets a home per router; with coldSpreadHome
-    # every router computes the same home for it.
-    config = home_config
-    lab = LabConfig(ENGINE, engines=4, scenario=Scenario(replicas=4))
-    arrivals = shared_prefix(240, 20.0)
-    servers_per_prefix = {}
-    for policy in ("picker-v2", f"config:{config}"):
-        run = run_lab(lab, policy, arrivals)
-        assert summarize(run.result).ok == 240
-        homes: dict[str, set[str | None]] = {}
-        for r in run.result.records:
-            homes.setdefault(r.tag, set()).add(r.backend)
-        servers_per_prefix[policy] = sum(len(s) for s in homes.values()) / len(homes)
-    assert servers_per_prefix["picker-v2"] > 1.5, servers_per_prefix
-    assert servers_per_prefix[f"config:{config}"] == 1.0, servers_per_prefix

@@ -9,7 +9,7 @@ continues as is. So no request fails; the requests that lose their picker lose o
 Quality after the kill is measured as prefix affinity: for each of the workload's prompt groups, the share of its
 requests served by the group's most used backend. The survivors learned each other's (and the dead replica's)
 placements through the exchange, so affinity after the kill stays at its level before it. The pickers run
-``picker-v2``, whose prefix score follows the placements alone: these backends answer in the same time whatever is
+``picker-v1``, whose prefix score follows the placements alone: these backends answer in the same time whatever is
 cached, and the default (the server model) rightly gives their cache little weight.
 """
 
@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 import pytest
 
-from picker.bench.policies import V2_CONFIG_TEXT
+from picker.bench.policies import PREVIOUS_CONFIG_TEXT
 from tests.e2e.backends import Backend
 from tests.e2e.procs import free_port, run_envoy, run_picker
 from tests.e2e.test_rollout import Replica, backends, envoy_yaml, wait_healthy
@@ -97,7 +97,7 @@ async def test_killing_one_of_three_active_active_pickers_fails_no_request(excha
     replicas = [Peer(), Peer(), Peer()]
 
     def args(r: Peer) -> list[str]:
-        pinned = [f"--config-text={V2_CONFIG_TEXT}"]
+        pinned = [f"--config-text={PREVIOUS_CONFIG_TEXT}"]
         return [*(r.peer_args(servers, replicas) if exchange else r.args(servers)), *pinned]
 
     listen = {True: free_port()}

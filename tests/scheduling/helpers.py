@@ -30,16 +30,6 @@ def with_cache_geometry(ep: Endpoint, *, block_size: int | None = None, num_gpu_
     return dataclasses.replace(ep, metrics=metrics)
 
 
-class FixedSpeeds:
-    """A speed source (``speed.SpeedSource``) with fixed slowness factors by endpoint key; 1.0 for the rest."""
-
-    def __init__(self, factors: Mapping[str, float]) -> None:
-        self.factors = factors
-
-    def slowness_factors(self, endpoints: Sequence[Endpoint]) -> list[float]:
-        return [self.factors.get(e.key, 1.0) for e in endpoints]
-
-
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 
 # The reference integration tests' configuration (protocol.md §14): queue, kv, prefix, lora, all weight 1.

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from picker import errors
-from picker.bench.policies import V2_CONFIG_TEXT
 from picker.scheduling.config import DEFAULT_CONFIG_TEXT, SchedulerConfig, load_config, load_config_file
 from picker.scheduling.plugins import datalayer, saturation
 from picker.scheduling.plugins.latency import LatencyScorer
 from picker.scheduling.plugins.prefix import PrefixCacheScorer
-from picker.scheduling.plugins.token_load import TokenLoadScorer
 from picker.scheduling.spec import ConfiguredPlugin
 from tests.scheduling.helpers import HEAD, INTEGRATION, ctx
 
@@ -174,21 +172,6 @@ def test_reference_default_still_loads() -> None:
     assert _weights(_load(reference)) == {
         "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0
     }  # fmt: skip
-
-
-def test_the_previous_default_still_loads() -> None:
-    # picker's default before the server model (the lab's ``picker-v2``): token-scored prefix affinity with a
-    # hot-prefix cap, token load blended from the servers' reports and picker's ledger, relative TTFT, LoRA
-    config = _load(V2_CONFIG_TEXT)
-    assert _weights(config) == {
-        "prefix-cache-scorer": 3.0, "token-load-scorer": 2.0, "relative-ttft-scorer": 1.0, "lora-affinity-scorer": 1.0
-    }  # fmt: skip
-    prefix_scorer = config.plugins["prefix-cache-scorer"]
-    assert isinstance(prefix_scorer, PrefixCacheScorer)
-    assert (prefix_scorer.params.cold_spread, prefix_scorer.params.max_load_factor) == (1.0, 3.0)
-    load_scorer = config.plugins["token-load-scorer"]
-    assert isinstance(load_scorer, TokenLoadScorer)
-    assert load_scorer.blended
 
 
 def test_default_text_loads_the_same() -> None:
@@ -437,19 +420,6 @@ def test_config_file(tmp_path: Path) -> None:
         ("- a\n- b\n", "expected an EndpointPickerConfig mapping"),
         ("", "expected an EndpointPickerConfig mapping"),
         (HEAD + "plugins:\n- name: x\n", "plugins.0.type"),
-        (
-            HEAD + "plugins:\n- type: prefix-cache-scorer\n  parameters: {coldSpreadSpeedFrom: ttft}\n",
-            "coldSpreadSpeedFrom names plugin 'ttft', which is not declared",
-        ),
-        (
-            HEAD + "plugins:\n- type: queue-scorer\n- type: prefix-cache-scorer\n"
-            "  parameters: {coldSpreadSpeedFrom: queue-scorer}\n",
-            "which does not rate the servers' speed",
-        ),
-        (
-            HEAD + "plugins:\n- type: token-load-scorer\n  parameters: {prefillPendingSpeedFrom: ttft}\n",
-            "prefillPendingSpeedFrom names plugin 'ttft', which is not declared",
-        ),
         (HEAD + "plugins:\n- type: queue-scorer\n  parameters: [1]\n", "plugins.0.parameters"),
     ],
 )

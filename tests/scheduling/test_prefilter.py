@@ -79,22 +79,3 @@ def test_the_explanation_shows_the_cut() -> None:
     assert result.targets[0].key in kept
     small = Scheduler(load_config(None, c), c, prefilter_k=50).schedule(REQUESTS[0], pool)
     assert PREFILTER not in small.runs[0].filtered
-
-
-def test_a_cold_prompts_home_is_kept_when_it_is_not_among_the_least_loaded() -> None:
-    # coldSpreadHome ranks the whole pool: cut to the k least loaded first, the home would be the best of
-    # those, and two routers with different loads in view would disagree.
-    c = ctx()
-    pool = [endpoint(i, waiting=i % 10, running=0) for i in range(1, 41)]
-    scorer = prefix.create("prefix", prefix.Params(coldSpread=1.0, coldSpreadHome=True), c)
-    assert isinstance(scorer, prefix.PrefixCacheScorer)
-    homes = set()
-    for g in range(30):
-        req = request(prompt=f"{g:04d}" * 400)
-        home = scorer.cold_home(req, pool, CycleState())
-        assert home is not None
-        homes.add(home)
-        cut = Prefilter(8, c, [scorer]).apply(req, pool, CycleState())
-        assert home in {e.key for e in cut}
-        assert scorer.cold_home(req, cut, CycleState()) == home
-    assert any(next(e for e in pool if e.key == h).metrics.waiting > 1 for h in homes)  # beyond the k least

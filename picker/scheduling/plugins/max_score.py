@@ -17,10 +17,10 @@ Parameters: ``maxNumOfEndpoints`` ≥ 1 (reference); picker's ``tieBreak`` and `
   this of the best count as tied, so a difference smaller than what the scorers can tell apart (a few tokens of
   load, one more block placed) does not decide alone.
 
-A scorer may ask for the rotation for one request (the cycle-state flag ``framework.ROTATE_TIES``; the default's
-token-load-scorer does for short prompts, ``shortPromptTokens``): with ``tieBreak: random`` that request's ties
-are then broken by a rotation of its own, kept over the flagged requests only, so they are spread evenly among
-themselves whatever the other requests' picks were.
+A scorer may ask for the rotation for one request (the cycle-state flag ``framework.ROTATE_TIES``, for a request
+its scores leave tied by design): with ``tieBreak: random`` that request's ties are then broken by a rotation of
+its own, kept over the flagged requests only, so they are spread evenly among themselves whatever the other
+requests' picks were.
 """
 
 from __future__ import annotations

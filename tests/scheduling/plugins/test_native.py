@@ -376,20 +376,3 @@ def test_with_peers_the_load_estimates_count_the_peers_in_flight_requests() -> N
     peers.update(1, clock.now, {}, full=True)  # the peer has nothing left in flight: picker's own entries again
     assert ctx.ledger_loads() == ctx.inflight.loads()
     assert ctx.ledger_loads()[eps[0].key] is ctx.inflight.loads()[eps[0].key]
-
-
-def test_rendezvous_equals_the_python_ranking_on_random_pools() -> None:
-    rng = random.Random(13)
-    pool = [endpoint(i, port=8000 + rng.randrange(4)) for i in range(1, 200)]
-    named = [dataclasses.replace(e, key=f"pod-{i}-é.ns:{8000 + i}") for i, e in enumerate(pool[:20])]  # non-ASCII keys
-    homes = set()
-    for _ in range(500):
-        anchor = rng.getrandbits(64)
-        candidates = rng.sample(pool + named, rng.randrange(1, 60))
-        home = native.rendezvous(anchor, candidates)
-        assert home == prefix.rendezvous_home(anchor, candidates)
-        homes.add(home)
-    assert len(homes) > 100  # the anchors spread over the pool
-    assert native.rendezvous(1, []) == prefix.rendezvous_home(1, []) == ""
-    with pytest.raises(OverflowError):
-        native.rendezvous(-1, pool)
