@@ -81,6 +81,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="TAG:TTFT_MS[:TPOT_MS]",
         help="llm-d SLO headers on the requests of a workload tag (e.g. short:150); prints each policy's attainment",
     )
+    parser.add_argument(
+        "--slo-without-headers",
+        action="store_true",
+        help="count the attainment of --slo without sending the headers (the policies schedule as without objectives)",
+    )
     o = parser.add_argument_group("output")
     o.add_argument("--json", type=Path, help="write every run's summary (deterministic for a seed)")
     o.add_argument("--records", action="store_true", help="include per-request records in --json")
@@ -157,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         workload = build_workload(args)
         slos = parse_slos(args.slo)
-        if slos:
+        if args.slo_without_headers and not slos:
+            raise ValueError("--slo-without-headers needs --slo")
+        if slos and not args.slo_without_headers:
             workload = with_slos(workload, slos)
         config = LabConfig(
             engine_config(args), engines=args.engines, scrape_interval_s=args.scrape_interval, api=args.api,

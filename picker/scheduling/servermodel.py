@@ -102,7 +102,7 @@ class Estimate:
 
     ttft_s: float
     tpot_s: float
-    fixed_s: float  # the part of ttft_s that does not scale with prefill tokens
+    fixed_s: float  # the part of ttft_s that does not scale with prefill tokens (the prefill's base included)
     prefill_tokens: float  # the tokens computed before this request's first token (ahead of it and its own)
     speed: float  # how much slower than the pool's fit the server has been
     slot_wait_s: float = 0.0  # the part of ttft_s spent waiting for a sequence slot
@@ -111,6 +111,7 @@ class Estimate:
     # prefill ahead of it, and the wait for a slot (or KV room) if this one takes the last.
     next_delay_s: float = 0.0
     own_tokens: float = 0.0  # this request's uncached prompt tokens there
+    prefill_base_s: float = 0.0  # the prefill's fixed part in fixed_s (the learned base times the server's speed)
 
     def e2e_s(self, answer_tokens: float) -> float:
         return self.ttft_s + max(0.0, answer_tokens - 1.0) * self.tpot_s
@@ -448,12 +449,16 @@ class ServerModel:
         server computed before their first token (prompts computed together in one step end together, so tokens
         ahead say little about when a first token comes)."""
         tokens = predicted.prefill_tokens
-        if tokens < _MIN_PREFILL_TOKENS or predicted.slot_wait_s > 0.0 or predicted.fixed_s > ttft_s:
+        rest = predicted.fixed_s - predicted.prefill_base_s  # the wait, the step, a LoRA load
+        if tokens < _MIN_PREFILL_TOKENS or predicted.slot_wait_s > 0.0 or rest > ttft_s:
             return
         if predicted.own_tokens * 2.0 < tokens:
             return
+        # The line is fitted to what the prefill took beyond the rest of the prediction, per unit of the server's
+        # speed: its intercept is the base itself, not a correction of the base the prediction used.
+        speed = predicted.speed or 1.0
         samples = self._prefill_samples
-        samples.append((tokens * predicted.speed, ttft_s - predicted.fixed_s))
+        samples.append((tokens, (ttft_s - rest) / speed))
         self.s_per_token, self.prefill_base_s = resistant_line(samples)
 
     def forget(self, keys: Collection[str]) -> None:
@@ -520,7 +525,8 @@ class ServerModel:
                 now,
             )
             lora_s = _adapter_wait(e, model, mean_answer * step, self._adapters_of(leases))
-            fixed = wait + step + self.prefill_base_s * speed + lora_s
+            base = self.prefill_base_s * speed
+            fixed = wait + step + base + lora_s
             tokens = ahead_tokens + u
             out.append(
                 Estimate(
@@ -533,6 +539,7 @@ class ServerModel:
                     batch,
                     next_wait - wait + u * s_tok * speed,
                     u,
+                    base,
                 )
             )
         self.traffic_factor = max(1.0, everyone / mine) if mine else 1.0

@@ -90,6 +90,23 @@ def test_slo_headers_reach_the_scheduler_and_attainment_is_counted(capsys: pytes
         assert 0 <= met <= total
 
 
+def test_slo_attainment_without_headers_measures_the_schedule_the_headers_would_change(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [
+        "bench", "lab", "--workload", "seed-mix", "--preset", "gpu-bounded", "--engines", "4", "--requests", "300",
+        "--rate", "16", "--policies", "picker", "--slo", "short:60",
+    ]  # fmt: skip
+    attained: dict[str, str] = {}
+    for mode, extra in (("headers", []), ("without", ["--slo-without-headers"])):
+        assert main([*argv, *extra]) == 0
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if "SLO attainment" in line]
+        attained[mode] = line
+    assert attained["headers"] != attained["without"]  # headroom scoring placed the short requests differently
+    assert main([*SMALL, "--rate", "5", "--policies", "rr", "--slo-without-headers"]) == 2
+    assert "needs --slo" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spec", ["short", "short:x", ":100", "short:0", "short:-5:10"])
 def test_a_bad_slo_is_a_usage_error(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SMALL, "--rate", "5", "--policies", "rr", "--slo", spec]) == 2

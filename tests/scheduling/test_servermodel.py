@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -159,6 +160,26 @@ def test_the_prefill_rate_is_a_line_through_what_first_tokens_showed_resistant_t
     model.observe_first_token(9.0, replace(predicted, prefill_tokens=2.0, own_tokens=2.0))  # too few tokens
     model.observe_first_token(9.0, replace(predicted, prefill_tokens=5000.0))  # mostly others' prompts: not its own
     assert model.s_per_token == before
+
+
+def test_the_prefill_base_learned_from_its_own_predictions_is_the_servers() -> None:
+    # The predictions carry the base the model had learned when it made them; what a first token teaches is the
+    # base itself, not a correction of the one used (that fed back: the learned base settled near half the
+    # server's, and every TTFT was predicted that much early).
+    model = ServerModel(ctx())
+    rest = 0.02  # the step and any wait: known to the prediction
+    jitter = random.Random(7)
+    for i in range(200):
+        tokens = 20.0 + 50.0 * (i % 5)
+        base = model.prefill_base_s
+        predicted = Estimate(
+            ttft_s=rest + base + model.s_per_token * tokens, tpot_s=0.01, fixed_s=rest + base,
+            prefill_tokens=tokens, speed=1.0, own_tokens=tokens, prefill_base_s=base,
+        )  # fmt: skip
+        actual = rest + 0.035 + 2e-4 * tokens + jitter.uniform(-0.004, 0.004)
+        model.observe_first_token(actual, predicted)
+    assert model.prefill_base_s == pytest.approx(0.035, rel=0.15)  # the line through 5 prompt sizes: not exact
+    assert model.s_per_token == pytest.approx(2e-4, rel=0.2)
 
 
 def test_prompts_alike_give_the_median_rate_through_the_origin() -> None:

@@ -16,9 +16,12 @@ waits; ``picker.scheduling.servermodel``): the lowest cost scores 1.
 With ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` (or the deprecated ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``)
 the prediction is held against the objectives: headroom = ``headroomTTFTWeight`` x (SLO - TTFT) / SLO +
 ``headroomTPOTWeight`` x the same for TPOT. Candidates that meet every objective score in [0.5, 1]; with
-``headroomSelectionStrategy: least`` (default) the one with the least headroom scores highest, which keeps the
-fastest servers for the requests that need them; ``most`` prefers the most headroom. When none meets them, the
-smallest shortfall scores highest, below 0.5.
+``headroomSelectionStrategy: most`` (picker's default) the one with the most headroom scores highest: a
+prediction's error is a good part of an objective's margin, and the most headroom leaves the most of it. ``least``
+(llm-d's default) prefers the least headroom, keeping the fastest servers for the requests that need them; it
+packs requests where they barely meet their objective, and in the lab met fewer objectives than ignoring them
+(docs/scheduling.md, "Latency objectives"). When none meets them, the smallest shortfall scores highest, below
+0.5.
 
 Parameters: ``prefixFrom`` ("prefix-cache-scorer"; "" for none), ``headroomTTFTWeight`` (0.8),
 ``headroomTPOTWeight`` (0.2), ``headroomSelectionStrategy`` (``least`` | ``most``).
@@ -51,7 +54,7 @@ class Params(PluginParams):
     prefix_from: str = "prefix-cache-scorer"
     headroom_ttft_weight: float = Field(default=0.8, ge=0.0)
     headroom_tpot_weight: float = Field(default=0.2, ge=0.0)
-    headroom_selection_strategy: Literal["least", "most"] = "least"
+    headroom_selection_strategy: Literal["least", "most"] = "most"
 
 
 @runtime_checkable

@@ -95,15 +95,15 @@ def _scorer(**params: object) -> latency.LatencyScorer:
     return scorer
 
 
-def test_with_slos_the_least_headroom_that_meets_them_wins() -> None:
-    scorer = _scorer()
+def test_with_slos_the_most_headroom_wins_and_least_is_one_option_away() -> None:
     found = [Estimate(t, 0.02, t, 0.0, 1.0) for t in (0.05, 0.2, 0.4)]
-    scores = scorer._headroom_scores(found, Slo(0.3, None))
-    assert scores[1] == 1.0  # meets 300 ms with the least to spare
-    assert 0.5 <= scores[0] < 1.0
-    assert scores[2] == 0.0  # misses it
-    most = _scorer(headroomSelectionStrategy="most")._headroom_scores(found, Slo(0.3, None))
-    assert most[0] == 1.0
+    most = _scorer()._headroom_scores(found, Slo(0.3, None))
+    assert most[0] == 1.0  # meets 300 ms with the most to spare
+    assert 0.5 <= most[1] < 1.0
+    assert most[2] == 0.0  # misses it
+    least = _scorer(headroomSelectionStrategy="least")._headroom_scores(found, Slo(0.3, None))
+    assert least[1] == 1.0  # llm-d's default: the least to spare
+    assert 0.5 <= least[0] < 1.0
 
 
 def test_when_no_server_meets_the_slo_the_smallest_shortfall_wins() -> None:
