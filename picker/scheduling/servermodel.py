@@ -87,6 +87,9 @@ _PINNED = 3  # reports at the same most-running count with a queue that make it 
 _KV_BOUND = 0.9  # a server queueing with its KV cache this full is bound by KV, not by its sequence slots
 _NO_LIMIT = 1 << 30  # slots of a server whose limit was never seen
 _FIT_ALPHA = 0.02  # the step-time fit: exponentially weighted over about the last 50 completions
+# A sequence more in a batch adds at least this share of the step's fixed part (each decode step reads every
+# sequence's KV): before the fit can tell a slope, a server with more requests in flight is never the cheaper one.
+_MIN_SLOPE_SHARE = 0.001
 _RATE_WINDOW_S = 1.0  # picker's routing rate is counted over this much of the recent past
 _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's fit
 # A server not observed lately drifts back to the pool's pace by half every this many seconds: it gets requests
@@ -222,17 +225,18 @@ class StepFit:
         self._n += 1
 
     def coefficients(self) -> tuple[float, float]:
-        """(a, c); ``(DEFAULT_STEP_S, 0)`` before any observation, ``c`` 0 while the batches seen hardly vary."""
+        """(a, c); ``(DEFAULT_STEP_S, ...)`` before any observation; ``c`` at least ``_MIN_SLOPE_SHARE`` of ``a``,
+        which it is while the batches seen hardly vary."""
         if self._n == 0:
-            return DEFAULT_STEP_S, 0.0
+            return DEFAULT_STEP_S, DEFAULT_STEP_S * _MIN_SLOPE_SHARE
         var = self._bb - self._b * self._b
         if var < 0.25:
-            return self._t, 0.0
+            return self._t, self._t * _MIN_SLOPE_SHARE
         c = max(0.0, (self._bt - self._b * self._t) / var)
         a = self._t - c * self._b
         if a <= 0.0:  # a fit through zero: the step is all per-sequence work
             return 1e-4, self._bt / self._bb if self._bb > 0.0 else 0.0
-        return a, c
+        return a, max(c, a * _MIN_SLOPE_SHARE)
 
 
 class ServerModel:

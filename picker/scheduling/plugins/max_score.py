@@ -12,7 +12,7 @@ Parameters: ``maxNumOfEndpoints`` ≥ 1 (reference); picker's ``tieBreak`` and `
   every cycle that is exactly round robin; when the tied set changes it still spreads evenly, because an
   endpoint just chosen for any reason (a cache hit included) waits behind every other tied one. Random choice
   leaves runs of two or three picks on one endpoint; when the requests are short, each lands in the prefill step
-  of the one before it and waits for it (docs/scheduling.md, "The tie-break").
+  of the one before it and waits for it.
 * ``tieTolerance`` 0 (exact ties only; ≥ 0, in score units of the weighted total): endpoints whose total is within
   this of the best count as tied, so a difference smaller than what the scorers can tell apart (a few tokens of
   load, one more block placed) does not decide alone.
