@@ -354,8 +354,8 @@ def connected_pids(port: int, pids: list[int]) -> set[int]:
 async def test_two_workers_share_the_port_and_schedule_as_one(tmp_path: Path) -> None:
     polls = Counter[str]()
     # picker-v1's token load counts every request in flight, the other worker's included: the shared ledger is what
-    # is checked. (The default, the server model, counts a request in flight on a server of unknown slots only by
-    # its share of the step, which it has not learned before any answer ends: ties there are random.)
+    # is checked. (The default, the server model, weighs a request in flight by its share of the step, which these
+    # backends, answering in the same time whatever runs, leave at the least.)
     pinned = f"--config-text={PREVIOUS_CONFIG_TEXT}"
     async with workers(tmp_path, pinned, polls=polls) as (child, grpc_port, metrics_port):
         await until_page(metrics_port, 'picker_workers{state="scraped"}', 2, child)
