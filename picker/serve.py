@@ -73,9 +73,9 @@ _POLL_S = 0.1
 _BACKOFF_MAX_S = 30.0
 _MAX_WORKER_PAGE_BYTES = 8 * 1024 * 1024
 _SCRAPE_TIMEOUT_S = 2.0
-# Between workers, unless --peer-flush-interval says otherwise: the exchange's cost is per batch, and at 2 ms (the
-# default between pods) a busy worker sends about one batch per request; 5 ms between workers cuts that cost
-# without moving placements, and a longer interval saves no more (docs/performance.md, "Workers").
+# Between workers, unless --peer-flush-interval says otherwise: the exchange's cost is per batch, and at the default
+# between pods a busy worker sends about one batch per request; a longer interval between workers cuts that cost
+# without moving placements (measured in docs/performance.md, "Workers").
 WORKER_FLUSH_INTERVAL_S = 0.005
 
 configure = app.configure

@@ -9,9 +9,9 @@ the body in ≤ 64 KiB chunks. Two passes per configuration:
   ``--connections`` TCP connections (several, so that picker's ``--workers`` each get some: the kernel spreads
   connections, not streams, over them). The client is ``tools/extproc-load`` (``--client go``, the default; Go,
   built by ``scripts/install-tools.sh``) or this package's Python client (``--client python``, from
-  ``--client-procs`` processes). The Python client spends about a millisecond of CPU per request, as much as the
-  server it measures, so on a small machine it takes the cores the server would use; Envoy, the real client, is
-  compiled, and so is the Go one (~0.4 ms of CPU per request here).
+  ``--client-procs`` processes). The Python client spends about as much CPU per request as the server it measures,
+  so on a small machine it takes the cores the server would use; Envoy, the real client, is compiled, and so is
+  the Go one (its CPU per request is a column of the table).
 
 ``--repeat N`` measures every configuration N times in rounds (each round: the do-nothing server, then every
 picker configuration, each a fresh process). The table shows medians, and "vs null" is the median of the ratios

@@ -21,9 +21,9 @@ identity``): a vLLM server would otherwise gzip its ~50 KB page at level 9 ten t
 that streams tokens, to save in-cluster bandwidth nobody is short of. TLS certificates of ``https`` metrics URLs
 are not verified (the reference's ``insecureSkipVerify: true`` default).
 
-Cost: linear in endpoints ÷ interval, about 0.4 % of a core per endpoint at the default 100 ms (docs/performance.md,
-"Scraping"). The default suits pools of up to a few dozen endpoints per picker (the reference polls every 50 ms);
-larger pools should raise ``--refresh-metrics-interval``.
+Cost: linear in endpoints ÷ interval (measured in docs/performance.md, "Scraping"). The default suits pools of up
+to a few dozen endpoints per picker (the reference's interval is shorter); larger pools should raise
+``--refresh-metrics-interval``.
 """
 
 from __future__ import annotations

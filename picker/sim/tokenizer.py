@@ -82,5 +82,5 @@ class Tokenizer:
 
 @lru_cache(maxsize=1)
 def default_tokenizer() -> Tokenizer:
-    """The one shared instance (building it takes ~1 ms)."""
+    """The one shared instance (building the vocabulary once, not per caller)."""
     return Tokenizer()
