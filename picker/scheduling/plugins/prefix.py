@@ -141,7 +141,6 @@ class PrefixCacheScorer:
         self.params = params
         self.index = PrefixIndex(params.lru_capacity_per_server)
         self.tokens = TokenEstimator(params.chars_per_token, calibrate=params.calibrate_tokens and self._uses_tokens())
-        self._ctx = ctx
         self._state_key = f"{self.type}/{name}"
         self._match_key = match_key(name)
         # Set by a peer exchange (picker.peers): told (name, endpoint key, block bytes, hashes) of every placement
