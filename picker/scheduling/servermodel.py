@@ -105,7 +105,7 @@ class Estimate:
 
     ttft_s: float
     tpot_s: float
-    fixed_s: float  # the part of ttft_s that does not scale with prefill tokens (the prefill's base included)
+    fixed_s: float  # the part of ttft_s outside the prefill line (the wait for a slot, the step, a LoRA load)
     prefill_tokens: float  # the tokens computed before this request's first token (ahead of it and its own)
     speed: float  # how much slower than the pool's fit the server has been
     slot_wait_s: float = 0.0  # the part of ttft_s spent waiting for a sequence slot
@@ -114,10 +114,17 @@ class Estimate:
     # prefill ahead of it, and the wait for a slot (or KV room) if this one takes the last.
     next_delay_s: float = 0.0
     own_tokens: float = 0.0  # this request's uncached prompt tokens there
-    prefill_base_s: float = 0.0  # the prefill's fixed part in fixed_s (the learned base times the server's speed)
+    # Requests per second arriving at the server lately, everyone's: picker's routing there times all requests in
+    # flight at the candidates over picker's own (by Little's law, the arrivals of other replicas and clients)
+    arrivals_per_s: float = 0.0
 
     def e2e_s(self, answer_tokens: float) -> float:
         return self.ttft_s + max(0.0, answer_tokens - 1.0) * self.tpot_s
+
+    def cost_s(self, answer_tokens: float) -> float:
+        """Seconds of the pool's requests that going there costs: this one's end-to-end time and its delay to each
+        request arriving there while it waits."""
+        return self.e2e_s(answer_tokens) + self.next_delay_s * (1.0 + self.arrivals_per_s * self.ttft_s)
 
 
 def answer_tokens(max_tokens: int, fixed: bool, mean: float) -> float:
@@ -262,7 +269,6 @@ class ServerModel:
         "_speed_at",
         "prefill_base_s",
         "s_per_token",
-        "traffic_factor",
     )
 
     def __init__(self, ctx: PluginContext) -> None:
@@ -288,9 +294,6 @@ class ServerModel:
         self._prefill_samples: deque[tuple[float, float]] = deque(maxlen=_PREFILL_SAMPLES)
         self.s_per_token = DEFAULT_S_PER_TOKEN
         self.prefill_base_s = 0.0
-        # All requests in flight at the candidates over picker's own, as of the last estimate: by Little's law the
-        # ratio of everyone's arrivals to picker's (other replicas, clients that bypass picker), 1 when alone
-        self.traffic_factor = 1.0
 
     def now(self) -> float:
         return self._ctx.clock()
@@ -439,9 +442,9 @@ class ServerModel:
         return len(self._arrivals) / _RATE_WINDOW_S
 
     def arrivals_at(self, key: str) -> float:
-        """Requests per second arriving at ``key``, lately: picker's routing there, times ``traffic_factor`` for
-        everyone else's."""
-        return self.arrivals_per_s * self._share.get(key, 0.0) * self.traffic_factor
+        """Requests per second picker routed to ``key``, lately (``Estimate.arrivals_per_s`` adds everyone
+        else's)."""
+        return self.arrivals_per_s * self._share.get(key, 0.0)
 
     def observe_prompt(self, tokens: float) -> None:
         mean = self._prompt_tokens
@@ -453,7 +456,7 @@ class ServerModel:
         server computed before their first token (prompts computed together in one step end together, so tokens
         ahead say little about when a first token comes)."""
         tokens = predicted.prefill_tokens
-        rest = predicted.fixed_s - predicted.prefill_base_s  # the wait, the step, a LoRA load
+        rest = predicted.fixed_s  # the wait, the step, a LoRA load
         if tokens < _MIN_PREFILL_TOKENS or predicted.slot_wait_s > 0.0 or rest > ttft_s:
             return
         if predicted.own_tokens * 2.0 < tokens:
@@ -498,14 +501,14 @@ class ServerModel:
         s_tok = self.s_per_token
         speeds = self.speeds(endpoints)
         pool_cap = self.pool_capacity()
-        everyone = mine = 0.0
+        loads = [(ctx.inflight.leases(e.key), ctx.server_load(e)) for e in endpoints]
+        mine = sum(len(leases) for leases, _ in loads)
+        # All requests in flight at the candidates over picker's own: by Little's law the ratio of everyone's
+        # arrivals to picker's (other replicas, clients that bypass picker), 1 when alone
+        traffic = max(1.0, sum(load.requests for _, load in loads) / mine) if mine else 1.0
         out: list[Estimate] = []
-        for e, u, speed in zip(endpoints, uncached, speeds, strict=True):
+        for e, u, speed, (leases, load) in zip(endpoints, uncached, speeds, loads, strict=True):
             key = e.key
-            leases = ctx.inflight.leases(key)
-            load = ctx.server_load(e)
-            everyone += load.requests
-            mine += len(leases)
             cap = self.capacity(key, pool_cap)
             batch = load.requests if not cap or load.requests < cap else float(cap)
             self._batch[key] = batch
@@ -529,24 +532,12 @@ class ServerModel:
                 now,
             )
             lora_s = _adapter_wait(e, model, mean_answer * step, self._adapters_of(leases))
-            base = self.prefill_base_s * speed
-            fixed = wait + step + base + lora_s
+            fixed = wait + step + lora_s
             tokens = ahead_tokens + u
-            out.append(
-                Estimate(
-                    fixed + tokens * s_tok * speed,
-                    step,
-                    fixed,
-                    tokens,
-                    speed,
-                    wait,
-                    batch,
-                    next_wait - wait + u * s_tok * speed,
-                    u,
-                    base,
-                )
-            )
-        self.traffic_factor = max(1.0, everyone / mine) if mine else 1.0
+            ttft = fixed + (self.prefill_base_s + tokens * s_tok) * speed
+            next_delay = next_wait - wait + u * s_tok * speed
+            arrivals = self.arrivals_at(key) * traffic
+            out.append(Estimate(ttft, step, fixed, tokens, speed, wait, batch, next_delay, u, arrivals))
         return out
 
     def _adapters_of(self, leases: Collection[Lease]) -> set[str]:

@@ -175,10 +175,9 @@ def test_the_prefill_base_learned_from_its_own_predictions_is_the_servers() -> N
     jitter = random.Random(7)
     for i in range(200):
         tokens = 20.0 + 50.0 * (i % 5)
-        base = model.prefill_base_s
         predicted = Estimate(
-            ttft_s=rest + base + model.s_per_token * tokens, tpot_s=0.01, fixed_s=rest + base,
-            prefill_tokens=tokens, speed=1.0, own_tokens=tokens, prefill_base_s=base,
+            ttft_s=rest + model.prefill_base_s + model.s_per_token * tokens, tpot_s=0.01, fixed_s=rest,
+            prefill_tokens=tokens, speed=1.0, own_tokens=tokens,
         )  # fmt: skip
         actual = rest + 0.035 + 2e-4 * tokens + jitter.uniform(-0.004, 0.004)
         model.observe_first_token(actual, predicted)
@@ -366,8 +365,10 @@ def test_requests_picker_did_not_route_scale_the_arrivals_it_expects() -> None:
     rate = model.arrivals_at(alone.key)
     for key in (alone.key, shared.key):
         c.inflight.acquire(key, 20, c.clock(), prefill_tokens=10)
-    model.estimate("m", 4.0, [10.0], [alone])
-    assert model.traffic_factor == 1.0  # picker's requests are all there is
-    model.estimate("m", 4.0, [10.0, 10.0], [alone, shared])
-    assert model.traffic_factor == pytest.approx(7 / 2)  # 7 in flight, 2 of them picker's: 3.5x picker's arrivals
-    assert model.arrivals_at(alone.key) == pytest.approx(3.5 * rate)
+    assert rate > 0.0
+    # picker's requests are all there is
+    assert model.estimate("m", 4.0, [10.0], [alone])[0].arrivals_per_s == pytest.approx(rate)
+    # 7 in flight, 2 of them picker's: 3.5x picker's arrivals
+    found = model.estimate("m", 4.0, [10.0, 10.0], [alone, shared])
+    assert found[0].arrivals_per_s == pytest.approx(3.5 * rate)
+    assert model.arrivals_at(alone.key) == pytest.approx(rate)  # picker's own, as before

@@ -113,19 +113,10 @@ class LatencyScorer:
         answer: float = cycle[self._state_key][2]
         slo = slo_of(req)
         if slo is None:
-            costs = self._costs(endpoints, found, answer)
+            costs = [x.cost_s(answer) for x in found]
             best = min(costs)
             return ScoreVector(endpoints, [best / c if c > 0.0 else 1.0 for c in costs])
         return ScoreVector(endpoints, self._headroom_scores(found, slo))
-
-    def _costs(self, endpoints: Sequence[Endpoint], found: Sequence[Estimate], answer: float) -> list[float]:
-        """Each candidate's cost in seconds of the pool's requests: this one's end-to-end time there and its delay
-        to each request arriving there while it waits (picker's recent routing rate to that server)."""
-        model = self.model
-        return [
-            x.e2e_s(answer) + x.next_delay_s * (1.0 + model.arrivals_at(e.key) * x.ttft_s)
-            for e, x in zip(endpoints, found, strict=True)
-        ]
 
     def _headroom_scores(self, found: Sequence[Estimate], slo: Slo) -> list[float]:
         params = self.params
