@@ -60,9 +60,9 @@ DEFAULT_MAX_AGE_S = 2.0  # as --metrics-staleness-threshold: older samples are n
 MAX_OTHERS_PER_OWN = 8.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per candidate per decision, and a frozen one costs 4x to build
 class ServerLoad:
-    """One endpoint's estimated load now (see the module docstring)."""
+    """One endpoint's estimated load now (see the module docstring; read only once made)."""
 
     own_requests: int  # picker's in flight there now
     own_tokens: int  # picker's prompt tokens not yet prefilled + expected output tokens there now

@@ -99,9 +99,9 @@ _SPEED_NOISE = 1.5  # relative speeds within [1/1.5, 1.5] of the pool's median c
 _SPEED_GAIN = 0.08  # how far one completion moves a server's speed towards what it showed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per candidate per decision, and a frozen one costs 5x to build
 class Estimate:
-    """One candidate's prediction for one request."""
+    """One candidate's prediction for one request (read only once made)."""
 
     ttft_s: float
     tpot_s: float
@@ -357,8 +357,11 @@ class ServerModel:
         within the band of noise (``_SPEED_NOISE``: a step swings with the prefill mixed into it, and following
         that swing sends work to whichever server was lightest a moment ago)."""
         now = self._ctx.clock()
-        raw = [self._speed_now(e.key, now) for e in endpoints]
-        late = [self._overdue(e.key, now) for e in endpoints]
+        speed_now, overdue, due = self._speed_now, self._overdue, self._first_due
+        raw = [speed_now(e.key, now) for e in endpoints]
+        late = [overdue(e.key, now) if e.key in due else 0.0 for e in endpoints]
+        if not any(late) and all(r == 1.0 for r in raw):
+            return raw  # nothing learned against any of them (the common case before the first answers)
         median = statistics.median(raw) if raw else 1.0
         # Late first tokens count against the pool's own lateness: under load every server's are late alike
         usual = max(1.0, statistics.median(max(1.0, x) for x in late)) if late else 1.0
@@ -501,16 +504,23 @@ class ServerModel:
         s_tok = self.s_per_token
         speeds = self.speeds(endpoints)
         pool_cap = self.pool_capacity()
-        loads = [(ctx.inflight.leases(e.key), ctx.server_load(e)) for e in endpoints]
+        leases_of = ctx.inflight.leases
+        loads = [(leases_of(e.key), ctx.server_load(e)) for e in endpoints]
+        requests = [load.requests for _, load in loads]
         mine = sum(len(leases) for leases, _ in loads)
         # All requests in flight at the candidates over picker's own: by Little's law the ratio of everyone's
         # arrivals to picker's (other replicas, clients that bypass picker), 1 when alone
-        traffic = max(1.0, sum(load.requests for _, load in loads) / mine) if mine else 1.0
+        traffic = max(1.0, sum(requests) / mine) if mine else 1.0
+        rate = self.arrivals_per_s
+        share = self._share
         out: list[Estimate] = []
-        for e, u, speed, (leases, load) in zip(endpoints, uncached, speeds, loads, strict=True):
+        most, pinned = self._most_running, self._pinned
+        for e, u, speed, (leases, load), n in zip(endpoints, uncached, speeds, loads, requests, strict=True):
             key = e.key
-            cap = self.capacity(key, pool_cap)
-            batch = load.requests if not cap or load.requests < cap else float(cap)
+            cap = most.get(key, 0)  # self.capacity(key, pool_cap), inline: this loop is the decision's cost
+            if pinned.get(key, 0) < _PINNED:
+                cap = max(cap, pool_cap) if pool_cap else 0
+            batch = n if not cap or n < cap else float(cap)
             self._batch[key] = batch
             step = speed * (a + c * (batch + 1.0))
             others_running = max(0.0, load.foreign_running + (load.own_requests - len(leases)))
@@ -531,12 +541,14 @@ class ServerModel:
                 mean_answer,
                 now,
             )
-            lora_s = _adapter_wait(e, model, mean_answer * step, self._adapters_of(leases))
+            lora_s = 0.0
+            if m.max_loras > 0 and model not in m.running_loras:
+                lora_s = _adapter_wait(e, model, mean_answer * step, self._adapters_of(leases))
             fixed = wait + step + lora_s
             tokens = ahead_tokens + u
             ttft = fixed + (self.prefill_base_s + tokens * s_tok) * speed
             next_delay = next_wait - wait + u * s_tok * speed
-            arrivals = self.arrivals_at(key) * traffic
+            arrivals = rate * share.get(key, 0.0) * traffic
             out.append(Estimate(ttft, step, fixed, tokens, speed, wait, batch, next_delay, u, arrivals))
         return out
 
@@ -551,6 +563,8 @@ class ServerModel:
         server computes them first come first served at ``1 / s_per_token`` tokens a second, from the end of the
         step the oldest one joined (a prompt is computed in steps: none is done before its first step ends; a
         request routed a moment ago behind a long prompt has nearly all of it left; one routed long ago, little)."""
+        if not leases:
+            return 0.0
         pending = [lease for lease in leases if lease.first_token_at is None]
         if not pending or s_per_token <= 0.0:
             return 0.0
@@ -576,6 +590,24 @@ class ServerModel:
     ) -> tuple[float, float]:
         """``start_wait_s`` on one server for this request and for a typical one right after it: picker's own
         requests by what each has left, the others' at means."""
+        n = round(others_running)
+        if len(leases) + n + 2 <= slots and round(others_waiting) == 0:
+            # Slots for all, none queued: both start at once if their KV fits beside what runs (the sum in the
+            # order start_waits_s takes it, so the answer is the same without building the queue)
+            if kv_tokens == math.inf:
+                return 0.0, 0.0
+            used = 0.0
+            for lease in leases:
+                started = lease.first_token_at
+                if started is None:
+                    used += lease.prefill_tokens
+                else:
+                    theirs = answer_tokens(lease.max_output_tokens, lease.fixed_output, self.mean_answer(lease.model))
+                    used += lease.prefill_tokens + min((now - started) / step, theirs)
+            for i in range(n):
+                used += mean_prompt + mean_answer * (1.0 - (i + 1) / (n + 1))
+            if used + ours.kv_tokens <= kv_tokens and used + ours.kv_tokens + mean_prompt <= kv_tokens:
+                return 0.0, 0.0
         running: list[Demand] = []
         queued: list[Demand] = []
         for lease in leases:
@@ -589,7 +621,6 @@ class ServerModel:
                     Demand(lease.prefill_tokens * s_tok + theirs * step, lease.prefill_tokens)
                 )
         whole = mean_answer * step
-        n = round(others_running)
         for i in range(n):  # started at unknown times: their remaining answers spread evenly over one answer
             left = (i + 1) / (n + 1)
             (running if len(running) < slots else queued).append(
