@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from picker.endpoints.inflight import Lease
 from picker.endpoints.model import Endpoint
 from picker.scheduling import servermodel
 from picker.scheduling.servermodel import Demand, Estimate, ServerModel, StepFit, answer_tokens, start_wait_s
@@ -372,3 +373,49 @@ def test_requests_picker_did_not_route_scale_the_arrivals_it_expects() -> None:
     found = model.estimate("m", 4.0, [10.0, 10.0], [alone, shared])
     assert found[0].arrivals_per_s == pytest.approx(3.5 * rate)
     assert model.arrivals_at(alone.key) == pytest.approx(rate)  # picker's own, as before
+
+
+def _running_as_built(
+    model: ServerModel, leases: list[Lease], others_running: float, step: float, s_tok: float, prompt: float,
+    answer: float, now: float,
+) -> tuple[Demand, ...]:  # fmt: skip
+    """The running requests as ``_start_wait`` lays them out when it builds its queue (all have a slot)."""
+    running = []
+    for lease in leases:
+        theirs = answer_tokens(lease.max_output_tokens, lease.fixed_output, model.mean_answer(lease.model))
+        if lease.first_token_at is None:
+            running.append(Demand(lease.prefill_tokens * s_tok + theirs * step, lease.prefill_tokens))
+        else:
+            done = (now - lease.first_token_at) / step
+            running.append(Demand(max(step, (theirs - done) * step), lease.prefill_tokens + min(done, theirs)))
+    n = round(others_running)
+    for i in range(n):
+        left = (i + 1) / (n + 1)
+        running.append(Demand(answer * step * left, prompt + answer * (1.0 - left)))
+    return tuple(running)
+
+
+def test_with_a_slot_for_everyone_the_wait_is_the_built_queues_even_at_the_kv_limit() -> None:
+    # Where every request has a slot, _start_wait answers without building the queue; at and around the KV
+    # cache's limit its answer must be the one the queue gives (the same sum, in the same order).
+    rng = random.Random(3)
+    for _ in range(300):
+        c = ctx()
+        model = ServerModel(c)
+        key = "10.0.0.1:8000"
+        for _ in range(rng.randrange(0, 5)):
+            lease = c.inflight.acquire(key, 10, c.clock(), prefill_tokens=rng.randrange(1, 900),
+                                       max_output_tokens=rng.choice((0, 64, 512)), fixed_output=rng.random() < 0.5,
+                                       model="m")  # fmt: skip
+            if rng.random() < 0.5:
+                c.inflight.prefilled(lease, lease.prefill_tokens, c.clock())
+            c.clock.advance(rng.random() * 0.05)  # type: ignore[attr-defined]
+        leases = list(c.inflight.leases(key))
+        others, step, s_tok, prompt, answer = rng.randrange(0, 4), 0.02, 1e-4, rng.uniform(50, 500), 128.0
+        ours = Demand(0.5, rng.uniform(10, 900))
+        built = _running_as_built(model, leases, others, step, s_tok, prompt, answer, c.clock())
+        used = sum(d.kv_tokens for d in built)
+        for kv in (used + ours.kv_tokens + prompt, used + ours.kv_tokens, used + ours.kv_tokens + prompt - 1e-6):
+            expected = servermodel.start_waits_s(built, (ours, Demand(answer * step, prompt)), 64, kv)
+            got = model._start_wait(leases, others, 0.0, ours, 64, kv, step, s_tok, prompt, answer, c.clock())
+            assert got == (expected[-2], expected[-1])
