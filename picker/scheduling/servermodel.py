@@ -178,16 +178,19 @@ def start_waits_s(running: Sequence[Demand], queue: Sequence[Demand], slots: int
     return out
 
 
-def _adapter_wait(endpoint: Endpoint, adapter: str, answer_s: float, routed: Collection[str]) -> float:
+def _adapter_wait(
+    endpoint: Endpoint, adapter: str, answer_s: float, leases: Collection[Lease], adapters: Collection[str]
+) -> float:
     """A LoRA adapter that is not running where every adapter slot is taken waits until one drains: the server
     keeps admitting the running adapter's requests, so it frees its slot only when the last of them ends, about a
     whole answer. Running, or with a slot free (loading takes about a step), nothing more. An adapter that is only
     waiting there is not loaded: it waits like any other. The adapters taken: those the server reported running or
-    waiting, and those of the requests picker routed there since (``routed``). A server that reports no adapter
-    slots (``max_loras`` 0) serves base models only as far as picker knows: nothing."""
+    waiting, and those of picker's requests there (``leases``) whose model is a known adapter (``adapters``). A
+    server that reports no adapter slots (``max_loras`` 0) serves base models only as far as picker knows: nothing."""
     m = endpoint.metrics
     if m.max_loras <= 0 or adapter in m.running_loras:
         return 0.0
+    routed = {lease.model for lease in leases if lease.model in adapters}
     taken = m.running_loras | m.waiting_loras | frozenset(routed)
     if len(taken) < m.max_loras or (adapter in routed and adapter not in m.waiting_loras):
         return 0.0
@@ -514,12 +517,9 @@ class ServerModel:
         rate = self.arrivals_per_s
         share = self._share
         out: list[Estimate] = []
-        most, pinned = self._most_running, self._pinned
         for e, u, speed, (leases, load), n in zip(endpoints, uncached, speeds, loads, requests, strict=True):
             key = e.key
-            cap = most.get(key, 0)  # self.capacity(key, pool_cap), inline: this loop is the decision's cost
-            if pinned.get(key, 0) < _PINNED:
-                cap = max(cap, pool_cap) if pool_cap else 0
+            cap = self.capacity(key, pool_cap)
             batch = n if not cap or n < cap else float(cap)
             self._batch[key] = batch
             step = speed * (a + c * (batch + 1.0))
@@ -541,9 +541,7 @@ class ServerModel:
                 mean_answer,
                 now,
             )
-            lora_s = 0.0
-            if m.max_loras > 0 and model not in m.running_loras:
-                lora_s = _adapter_wait(e, model, mean_answer * step, self._adapters_of(leases))
+            lora_s = _adapter_wait(e, model, mean_answer * step, leases, self._adapters)
             fixed = wait + step + lora_s
             tokens = ahead_tokens + u
             ttft = fixed + (self.prefill_base_s + tokens * s_tok) * speed
@@ -551,11 +549,6 @@ class ServerModel:
             arrivals = rate * share.get(key, 0.0) * traffic
             out.append(Estimate(ttft, step, fixed, tokens, speed, wait, batch, next_delay, u, arrivals))
         return out
-
-    def _adapters_of(self, leases: Collection[Lease]) -> set[str]:
-        """The LoRA adapters among the models of ``leases`` (names some server reported as an adapter)."""
-        known = self._adapters
-        return {lease.model for lease in leases if lease.model in known}
 
     @staticmethod
     def _prefill_left(leases: Collection[Lease], now: float, s_per_token: float, step: float) -> float:
@@ -591,23 +584,9 @@ class ServerModel:
         """``start_wait_s`` on one server for this request and for a typical one right after it: picker's own
         requests by what each has left, the others' at means."""
         n = round(others_running)
-        if len(leases) + n + 2 <= slots and round(others_waiting) == 0:
-            # Slots for all, none queued: both start at once if their KV fits beside what runs (the sum in the
-            # order start_waits_s takes it, so the answer is the same without building the queue)
-            if kv_tokens == math.inf:
-                return 0.0, 0.0
-            used = 0.0
-            for lease in leases:
-                started = lease.first_token_at
-                if started is None:
-                    used += lease.prefill_tokens
-                else:
-                    theirs = answer_tokens(lease.max_output_tokens, lease.fixed_output, self.mean_answer(lease.model))
-                    used += lease.prefill_tokens + min((now - started) / step, theirs)
-            for i in range(n):
-                used += mean_prompt + mean_answer * (1.0 - (i + 1) / (n + 1))
-            if used + ours.kv_tokens <= kv_tokens and used + ours.kv_tokens + mean_prompt <= kv_tokens:
-                return 0.0, 0.0
+        everyone_has_a_slot = len(leases) + n + 2 <= slots and round(others_waiting) == 0
+        if everyone_has_a_slot and kv_tokens == math.inf:
+            return 0.0, 0.0
         running: list[Demand] = []
         queued: list[Demand] = []
         for lease in leases:
@@ -620,6 +599,16 @@ class ServerModel:
                 (running if len(running) < slots else queued).append(
                     Demand(lease.prefill_tokens * s_tok + theirs * step, lease.prefill_tokens)
                 )
+        if everyone_has_a_slot:
+            # None queued: both start at once if their KV fits beside what runs; the others' part summed as
+            # start_waits_s sums it (same order, same answer) without building their demands and the queue
+            used = 0.0
+            for r in running:
+                used += r.kv_tokens
+            for i in range(n):
+                used += mean_prompt + mean_answer * (1.0 - (i + 1) / (n + 1))
+            if used + ours.kv_tokens <= kv_tokens and used + ours.kv_tokens + mean_prompt <= kv_tokens:
+                return 0.0, 0.0
         whole = mean_answer * step
         for i in range(n):  # started at unknown times: their remaining answers spread evenly over one answer
             left = (i + 1) / (n + 1)
