@@ -134,7 +134,7 @@ def worker_count(requested: int, settings: Settings, kube: KubeSettings | None, 
 
 
 def with_worker_flush(settings: Settings, given_s: float | None) -> Settings:
-    """``settings`` with the workers' flush interval: ``--peer-flush-interval`` when given, else 5 ms."""
+    """``settings`` with the workers' flush interval: ``--peer-flush-interval``, else ``WORKER_FLUSH_INTERVAL_S``."""
     flush_s = given_s if given_s is not None else WORKER_FLUSH_INTERVAL_S
     return dataclasses.replace(settings, peers=dataclasses.replace(settings.peers, flush_interval_s=flush_s))
 

@@ -14,7 +14,7 @@ arrive. Only a pod's own workers share scrapes: replicas in other pods keep thei
 replica's network trouble is not every replica's.
 
 ``SharedScrape.age_s`` is the page's age when the owner published it; the receiver dates the metrics from its own
-clock, so they read at most one exchange flush (5 ms between workers) younger than they are.
+clock, so they read at most one exchange flush (the workers' flush interval) younger than they are.
 """
 
 from __future__ import annotations

@@ -23,14 +23,13 @@ one step with n - c prefill tokens; every later token costs one decode step of t
 
 Presets (numbers each produces are checked by tests/sim/test_presets.py and listed in docs/simulator.md):
 
-* ``h100-8b``: an 8B model on one H100, matched to the reference profile (TTFT 60-120 ms for a 256-token
-  prompt, ITL 10-15 ms).
+* ``h100-8b``: an 8B model on one H100, matched to the reference profile's TTFT and ITL (docs/simulator.md).
 * ``cpu``: the seed's CPU server (16 sequences), fitted to its measurements one request at a time: a 13-token
   prompt's TTFT 0.110 s; a 116-token prompt's TTFT 0.772 s and 512 tokens streamed in 15.62 s (docs/simulator.md
   says why 116 tokens and where the fit misses).
 * ``gpu-bounded``: ``h100-8b``'s step times on a GPU whose limits bind: 16 sequences and a 4096-token KV pool
   (256 blocks), so a few long answers fill the cache and the newest running request is preempted.
-* ``fast``: tiny step times for tests (a 32-token answer in ~70 ms).
+* ``fast``: tiny step times, for tests.
 """
 
 from __future__ import annotations
@@ -122,8 +121,8 @@ class EngineConfig:
         return (self.model, *self.lora_adapters)
 
 
-# 8B (Llama-3.1-8B class) on one H100 80 GB: ~400k KV tokens; decode step ~11 ms (weights read once per step),
-# prefill ~8k tokens/s plus a fixed cost for a non-graph-captured step.
+# 8B (Llama-3.1-8B class) on one H100 80 GB: a decode step reads the weights once, a prefill step adds a fixed
+# cost (not graph-captured) and a cost per token; the values and what they produce: docs/simulator.md.
 _H100_8B = EngineConfig(
     timing=StepTiming(
         overhead_s=0.011,
@@ -141,8 +140,7 @@ _H100_8B = EngineConfig(
 
 PRESETS: dict[str, EngineConfig] = {
     "h100-8b": _H100_8B,
-    # The seed's CPU server, one request at a time: TTFT 0.110 s for 13 prompt tokens and 0.772 s for 116; a
-    # decode step ~29 ms, +2 ms per extra sequence in the batch (docs/simulator.md).
+    # The seed's CPU server, fitted to its measurements one request at a time (docs/simulator.md).
     "cpu": EngineConfig(
         timing=StepTiming(
             overhead_s=0.02665,
