@@ -29,7 +29,8 @@ its KV cache is full); the rest wait, first come first served. A request's time 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
 there finished (a queue that persists while slots free and fill again; one long prefill step shows the same
-report many times and proves nothing). A server without a known limit takes the pool's median of the known ones;
+report many times and proves nothing; requests waiting for a LoRA adapter that is not loaded wait for an adapter
+slot, not a sequence slot). A server without a known limit takes the pool's median of the known ones;
 none known: no slot limit. ``s_per_token`` and ``prefill_base`` are a resistant line through picker's own first
 tokens (the part of each TTFT beyond the predicted fixed part, against the tokens computed, per unit of that
 server's speed), from the requests whose own prompt was most of what was computed before their first token
@@ -40,10 +41,14 @@ What going to ``e`` costs the others, ``next_delay_e``: a typical request arrivi
 this one's prefill, and for a slot or KV room while this one holds it. The requests arriving at ``e`` while this one
 waits (``rate_e`` x ``ttft_e``: picker's recent rate there, times all requests in flight over picker's own, which by
 Little's law counts the arrivals of other replicas and clients) are all delayed so (the marginal cost of work added
-to a queue), so the scorer's cost is ``ttft_e + (answer - 1) * step_e + next_delay_e * (1 + rate_e * ttft_e)``: the
-request's own end-to-end time (for a short answer its TTFT, for a long one mostly its TPOT) plus its delay to the
-requests behind it. Under load that keeps a prompt where it is cached (computing it elsewhere delays everyone queued
-behind it there), and a long answer away from the server the short ones go to.
+to a queue). Where the server is full (a request arriving next would wait), this one also holds its share of it,
+``held_e`` (one slot of ``capacity``, or its prompt and answer of the KV cache, the larger), for its whole run
+``run_e`` (its prefill and answer): each request arriving while it is there starts ``run_e * held_e`` later. The
+scorer's cost is ``ttft_e + (answer - 1) * step_e + next_delay_e * (1 + rate_e * ttft_e) + hold_e`` with ``hold_e =
+rate_e * (ttft_e + run_e) * run_e * held_e``: the request's own end-to-end time (for a short answer its TTFT, for a
+long one mostly its TPOT) plus its delay to the requests behind it. Under load that keeps a prompt where it is
+cached (computing it elsewhere delays everyone queued behind it there), and a long answer away from a full server
+many requests go to: a slot a long answer holds for seconds is one the short ones there would have had.
 
 Traffic picker did not route (other replicas, clients that bypass picker) enters through the servers' reported
 counts (``PluginContext.server_load``): as work ahead, and as arrivals behind.
@@ -117,14 +122,18 @@ class Estimate:
     # Requests per second arriving at the server lately, everyone's: picker's routing there times all requests in
     # flight at the candidates over picker's own (by Little's law, the arrivals of other replicas and clients)
     arrivals_per_s: float = 0.0
+    # Seconds lost by the requests arriving there while this one is on a full server: it holds its share of the
+    # server (a slot, or its KV) for its whole run, and each of them starts that much later (0 where a request
+    # arriving next would start at once)
+    hold_s: float = 0.0
 
     def e2e_s(self, answer_tokens: float) -> float:
         return self.ttft_s + max(0.0, answer_tokens - 1.0) * self.tpot_s
 
     def cost_s(self, answer_tokens: float) -> float:
-        """Seconds of the pool's requests that going there costs: this one's end-to-end time and its delay to each
-        request arriving there while it waits."""
-        return self.e2e_s(answer_tokens) + self.next_delay_s * (1.0 + self.arrivals_per_s * self.ttft_s)
+        """Seconds of the pool's requests that going there costs: this one's end-to-end time, its delay to each
+        request arriving there while it waits, and the share of a full server it holds while it runs."""
+        return self.e2e_s(answer_tokens) + self.next_delay_s * (1.0 + self.arrivals_per_s * self.ttft_s) + self.hold_s
 
 
 def answer_tokens(max_tokens: int, fixed: bool, mean: float) -> float:
@@ -321,7 +330,10 @@ class ServerModel:
             if m.running > most.get(key, 0):
                 most[key] = m.running
                 pinned[key] = 0
-            # (none running while some wait is no slot limit: an adapter that cannot load, a server starting)
+            # (none running while some wait is no slot limit: an adapter that cannot load, a server starting; nor
+            # is a queue of requests for an adapter not loaded: they wait for an adapter slot, not a sequence slot)
+            if m.waiting_loras and not m.waiting_loras <= m.running_loras:
+                continue
             if m.waiting > 0 and 0 < m.running == most.get(key, 0) and m.kv_usage < _KV_BOUND:
                 done = self._done.get(key, 0)
                 if done > self._done_at_pin.get(key, -1):
@@ -528,11 +540,12 @@ class ServerModel:
             ahead_tokens += self._prefill_left(leases, now, speed * s_tok, step)
             m = e.metrics
             kv_tokens = float(m.num_gpu_blocks * (m.block_size or 16)) if m.num_gpu_blocks else math.inf
+            run_s = u * s_tok * speed + answer * step
             wait, next_wait = self._start_wait(
                 leases,
                 others_running,
                 load.foreign_waiting,
-                Demand(u * s_tok * speed + answer * step, u),
+                Demand(run_s, u),
                 cap or _NO_LIMIT,
                 kv_tokens,
                 step,
@@ -547,7 +560,11 @@ class ServerModel:
             ttft = fixed + (self.prefill_base_s + tokens * s_tok) * speed
             next_delay = next_wait - wait + u * s_tok * speed
             arrivals = rate * share.get(key, 0.0) * traffic
-            out.append(Estimate(ttft, step, fixed, tokens, speed, wait, batch, next_delay, u, arrivals))
+            hold = 0.0
+            if next_wait > 0.0:  # full: a request arriving next would wait, and this one's run is part of why
+                held = max(1.0 / cap if cap else 0.0, (u + answer) / kv_tokens)
+                hold = arrivals * (ttft + run_s) * run_s * held
+            out.append(Estimate(ttft, step, fixed, tokens, speed, wait, batch, next_delay, u, arrivals, hold))
         return out
 
     @staticmethod

@@ -10,6 +10,7 @@ import pytest
 
 from picker.endpoints.inflight import Lease
 from picker.endpoints.model import Endpoint
+from picker.plugins.api import PluginContext
 from picker.scheduling import servermodel
 from picker.scheduling.servermodel import Demand, Estimate, ServerModel, StepFit, answer_tokens, start_wait_s
 from tests.conftest import endpoint
@@ -120,6 +121,20 @@ def test_requests_waiting_with_none_running_are_no_slot_limit() -> None:
     _reports(model, (999.6, 999.7, 999.8, 999.9), (1, 3, 0, 0.0), (2, 1, 4, 0.0))  # an adapter that cannot load
     assert model.capacity(_report(1, 0, 0, 0.0).key) == 4  # the pool's known limit, not 0
     assert model.estimate("m", 4.0, [10.0], [_report(1, 3, 0, 999.9)])[0].ttft_s > 0.0
+
+
+def test_a_queue_for_an_adapter_not_loaded_is_no_slot_limit() -> None:
+    # max_loras 1: "b" runs on 5 sequences, requests for "a" wait for the adapter slot, not for a sequence slot
+    model = ServerModel(ctx())
+    key = _report(1, 0, 0, 0.0).key
+    for t in (999.5, 999.6, 999.7, 999.8):
+        model.observe_reports([endpoint(1, waiting=3, running=5, loras=("b",), waiting_loras=("a",), updated_at=t)])
+        model.observe_done(key)
+    assert model.capacity(key) == 0
+    for t in (999.85, 999.9, 999.95):  # waiting for an adapter that runs: a sequence slot
+        model.observe_reports([endpoint(1, waiting=3, running=5, loras=("a", "b"), waiting_loras=("a",), updated_at=t)])
+        model.observe_done(key)
+    assert model.capacity(key) == 5
 
 
 def test_a_queue_while_the_batch_grows_is_no_slot_limit() -> None:
@@ -288,6 +303,43 @@ def test_a_long_answer_taking_the_last_slot_delays_the_next_request_longer_than_
     short, long = model.estimate("m", 4.0, [10.0], [server])[0], model.estimate("m", 512.0, [10.0], [server])[0]
     assert short.slot_wait_s == long.slot_wait_s == 0.0
     assert long.next_delay_s > short.next_delay_s
+
+
+def _full_pool_with_arrivals(c: PluginContext, model: ServerModel, busy: Endpoint, quiet: Endpoint) -> None:
+    """Both servers learned to run 2 sequences; picker sent 9 of 10 requests of the last second to ``busy``."""
+    _reports(model, (999.7, 999.8, 999.9), (1, 1, 2, 0.0), (2, 1, 2, 0.0))
+    for i in range(100):
+        c.clock.advance(0.01)  # type: ignore[attr-defined]
+        model.observe_arrival(c.clock(), quiet.key if i % 10 == 0 else busy.key)
+
+
+def test_a_request_on_a_full_server_costs_the_requests_arriving_while_it_holds_its_slot() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    busy, quiet = endpoint(1, running=2, waiting=1), endpoint(2, running=2, waiting=1)
+    _full_pool_with_arrivals(c, model, busy, quiet)
+    short_busy, _ = model.estimate("m", 4.0, [10.0, 10.0], [busy, quiet])
+    long_busy, long_quiet = model.estimate("m", 512.0, [10.0, 10.0], [busy, quiet])
+    assert long_busy.ttft_s == pytest.approx(long_quiet.ttft_s)  # the same queue: only the arrivals differ
+    # Each arrival while it is there (during its wait and its run) starts later by its run over the 2 slots
+    run = 10.0 * model.s_per_token + 512.0 * long_busy.tpot_s
+    expected = long_busy.arrivals_per_s * (long_busy.ttft_s + run) * run / 2
+    assert long_busy.hold_s == pytest.approx(expected)
+    assert long_busy.arrivals_per_s > 5 * long_quiet.arrivals_per_s
+    assert long_busy.hold_s > 5 * long_quiet.hold_s > 0.0
+    assert long_busy.hold_s > 50 * short_busy.hold_s > 0.0  # holding a slot for 4 tokens costs little
+    # so a long answer goes where fewer requests arrive
+    assert long_busy.cost_s(512.0) > long_quiet.cost_s(512.0) + long_busy.hold_s / 2
+
+
+def test_a_server_with_room_for_the_next_request_charges_no_hold() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    busy, quiet = endpoint(1), endpoint(2)  # idle: 2 slots each, both free
+    _full_pool_with_arrivals(c, model, busy, quiet)
+    long_busy, _ = model.estimate("m", 512.0, [10.0, 10.0], [busy, quiet])
+    assert long_busy.arrivals_per_s > 0.0
+    assert long_busy.hold_s == 0.0
 
 
 def test_a_slow_server_not_observed_lately_drifts_back_to_the_pools_pace() -> None:

@@ -9,9 +9,10 @@ the config; it need not be in the profile) says how many prompt tokens each cand
 
 Without SLO headers the score is ``best / cost`` with cost the predicted end-to-end time
 ``ttft + (answer - 1) * tpot`` (answer: ``max_tokens`` when the length is fixed, else the model's recent mean, at
-most ``max_tokens``) plus what going there costs the requests behind it (``Estimate.next_delay_s``, this
-request's prefill and the slot or KV room it takes, times 1 + the requests expected to arrive there while it
-waits; ``picker.scheduling.servermodel``): the lowest cost scores 1.
+most ``max_tokens``) plus what going there costs the requests behind it (``Estimate.cost_s``: this request's
+prefill and the slot or KV room it takes, times 1 + the requests expected to arrive there while it waits; on a
+full server, its share of the server held for its whole run, times the requests arriving meanwhile;
+``picker.scheduling.servermodel``): the lowest cost scores 1.
 
 With ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` (or the deprecated ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``)
 the prediction is held against the objectives: headroom = ``headroomTTFTWeight`` x (SLO - TTFT) / SLO +
