@@ -187,6 +187,12 @@ def start_waits_s(running: Sequence[Demand], queue: Sequence[Demand], slots: int
     return out
 
 
+def _others_kv(mean_prompt: float, mean_answer: float, left: float) -> float:
+    """The KV tokens a request picker did not route holds with ``left`` of its answer still to come (its prompt at
+    the mean, and the part of the mean answer it has streamed)."""
+    return mean_prompt + mean_answer * (1.0 - left)
+
+
 def _adapter_wait(
     endpoint: Endpoint, adapter: str, answer_s: float, leases: Collection[Lease], adapters: Collection[str]
 ) -> float:
@@ -623,14 +629,14 @@ class ServerModel:
             for r in running:
                 used += r.kv_tokens
             for i in range(n):
-                used += mean_prompt + mean_answer * (1.0 - (i + 1) / (n + 1))
+                used += _others_kv(mean_prompt, mean_answer, (i + 1) / (n + 1))
             if used + ours.kv_tokens <= kv_tokens and used + ours.kv_tokens + mean_prompt <= kv_tokens:
                 return 0.0, 0.0
         whole = mean_answer * step
         for i in range(n):  # started at unknown times: their remaining answers spread evenly over one answer
             left = (i + 1) / (n + 1)
             (running if len(running) < slots else queued).append(
-                Demand(whole * left, mean_prompt + mean_answer * (1.0 - left))
+                Demand(whole * left, _others_kv(mean_prompt, mean_answer, left))
             )
         queued.extend([Demand(whole, mean_prompt)] * round(others_waiting))
         waits = start_waits_s(running, (*queued, ours, Demand(whole, mean_prompt)), slots, kv_tokens)
