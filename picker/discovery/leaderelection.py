@@ -43,7 +43,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from picker.discovery.informer import Informer, InformerTiming
-from picker.discovery.kubeapi import ApiClientFactory, KubeApi, KubeApiError, Resource, ResourceNotFound, connect
+from picker.discovery.kubeapi import (
+    ApiClientFactory,
+    KubeApi,
+    KubeApiError,
+    Resource,
+    ResourceConflict,
+    ResourceNotFound,
+    connect,
+)
 from picker.discovery.kubesettings import KubeSettings
 
 __all__ = [
@@ -318,21 +326,30 @@ class LeaderElector:
         """Write an empty holder with a 1 s duration, so a standby may take over at once.
 
         "Hold", not "lead": an acquire or renewal cancelled on the wire may have made us the holder without our
-        hearing of it, so unless the last answer says we hold the Lease it is read again first.
+        hearing of it, so unless the last answer says we hold the Lease it is read again first. For the same
+        reason the copy we hold may be older than the Lease: a conflict re-reads it and tries once more.
         """
-        lease = self._lease
-        if lease is None or not self._holds():
+        lease = self._lease if self._holds() else None
+        for attempt in range(2):
+            if lease is None:
+                try:
+                    lease = await api.get(self._leases, self.name)
+                except ResourceNotFound:
+                    return
+                self._observe(lease)
+                if not self._holds():
+                    return
+            now = _micro_time(self._wall())
+            released = LeaderRecord("", 1, now, now, self._observed.transitions)
             try:
-                lease = await api.get(self._leases, self.name)
-            except ResourceNotFound:
-                return
-            self._observe(lease)
-            if not self._holds():
-                return
-        now = _micro_time(self._wall())
-        released = LeaderRecord("", 1, now, now, self._observed.transitions)
-        self._observe(await api.replace(self._leases, self._with(lease, released)))
-        log.info("leader election: released the lease", extra={"lease": self.name})
+                self._observe(await api.replace(self._leases, self._with(lease, released)))
+            except ResourceConflict:
+                if attempt:
+                    raise
+                lease = None
+                continue
+            log.info("leader election: released the lease", extra={"lease": self.name})
+            return
 
     # --- objects ---------------------------------------------------------------------------------------------
 

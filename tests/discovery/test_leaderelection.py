@@ -207,6 +207,20 @@ async def test_update_conflict_is_reread_and_the_leader_keeps_the_lease(api: Fak
         assert api.get("leases", LEASE)["metadata"]["labels"] == {"touched": "yes"}  # the other write is kept
 
 
+async def test_a_leader_whose_copy_is_stale_still_releases_on_cancel(api: FakeApiServer) -> None:
+    # As when a renewal lands but its answer is cancelled on the wire: the Lease is newer than the leader's copy.
+    field_ = Field(api)
+    async with field_.candidate("a") as a:
+        await eventually(lambda: a.leading, what="a leads")
+        api.patch("leases", LEASE, lambda lease: lease["metadata"].setdefault("labels", {}).update(touched="yes"))
+        a.task.cancel()  # before its next renewal could re-read
+        with contextlib.suppress(asyncio.CancelledError):
+            await a.task
+    assert ("update", LEASES, 409) in api.responses
+    assert field_.lease().holder == ""
+    assert api.get("leases", LEASE)["metadata"]["labels"] == {"touched": "yes"}
+
+
 async def test_another_holder_makes_the_leader_step_down_at_once(api: FakeApiServer) -> None:
     field_ = Field(api)
     async with field_.candidate("a") as a:
