@@ -280,6 +280,9 @@ def reference_extract(page: bytes) -> EndpointMetrics:
         max_loras=int(lora_labels.get("max_lora", "0")),
         block_size=int(cache_labels["block_size"]),
         num_gpu_blocks=int(cache_labels["num_gpu_blocks"]),
+        generated_tokens=first.get("vllm:generation_tokens_total"),
+        prefix_query_tokens=first.get("vllm:prefix_cache_queries_total"),
+        prefix_hit_tokens=first.get("vllm:prefix_cache_hits_total"),
     )
 
 

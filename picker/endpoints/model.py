@@ -38,6 +38,12 @@ class EndpointMetrics:
     max_loras: int = 0
     block_size: int | None = None  # tokens per KV block
     num_gpu_blocks: int | None = None
+    # Counters since the server started (None: not reported): the tokens it generated, the prompt tokens it
+    # looked up in its prefix cache as it admitted them and those it found there; between two reports they tell
+    # how fast it works (servermodel.py)
+    generated_tokens: float | None = None
+    prefix_query_tokens: float | None = None
+    prefix_hit_tokens: float | None = None
     updated_at: float = 0.0  # monotonic seconds of the last successful scrape; 0 = never
     # picker's own in-flight requests to this endpoint when the page was read (the poller notes it): what the
     # server reported beyond that is traffic picker did not send. None: not noted.

@@ -20,11 +20,13 @@ its KV cache is full); the rest wait, first come first served. A request's time 
 * ``step_e``: the server's engine step, i.e. its time per output token, with this request in its batch:
   ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time
   grows with the batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each
-  request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU),
-  or how many times its predicted TTFT picker's oldest request awaiting a first token there has waited, over the
-  pool's usual lateness, if more (a stalled server shows before any answer ends); a belief that drifts back to the
-  pool's pace by half every few seconds without news. A slow server is slow at prefill too. At least one step
-  emits the first token.
+  request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU):
+  from picker's answers there, and from its work counters between reports (over a second or more while it runs
+  anything, the time that passed over what the tokens it generated and the prompt tokens it computed take at the
+  pool's pace: every busy server shows its pace at every scrape, whoever sent its work); or how many times its
+  predicted TTFT picker's oldest request awaiting a first token there has waited, over the pool's usual lateness,
+  if more (a stalled server shows before any answer ends); a belief that drifts back to the pool's pace by half
+  every few seconds without news. A slow server is slow at prefill too. At least one step emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
@@ -65,7 +67,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from picker.endpoints.inflight import Lease
-from picker.endpoints.model import Endpoint
+from picker.endpoints.model import Endpoint, EndpointMetrics
 from picker.plugins.api import PluginContext
 
 __all__ = [
@@ -102,6 +104,7 @@ _MAX_SPEED = 5.0  # a server's speed factor stays within [1/5, 5] of the pool's 
 _SPEED_HALF_LIFE_S = 5.0
 _SPEED_NOISE = 1.5  # relative speeds within [1/1.5, 1.5] of the pool's median count as the pool's
 _SPEED_GAIN = 0.08  # how far one completion moves a server's speed towards what it showed
+_WORK_WINDOW_S = 1.0  # a server's work counters are read over windows of at least this long
 
 
 @dataclass(slots=True)  # not frozen: one is built per candidate per decision, and a frozen one costs 5x to build
@@ -285,6 +288,7 @@ class ServerModel:
         "_share",
         "_speed",
         "_speed_at",
+        "_work_seen",
         "prefill_base_s",
         "s_per_token",
     )
@@ -298,6 +302,8 @@ class ServerModel:
         self._done: dict[str, int] = {}  # picker's requests seen to finish on each server
         self._done_at_pin: dict[str, int] = {}  # ... as of the last report that counted towards its slot limit
         self._seen: dict[str, float] = {}  # the last report read of each server (its updated_at)
+        # Each server's work counters at the start of its window: (generated, queried, prefix hits, running, at)
+        self._work_seen: dict[str, tuple[float, float, float, int, float]] = {}
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
         self._speed_at: dict[str, float] = {}  # when each server's speed was last observed
@@ -331,6 +337,7 @@ class ServerModel:
                 continue  # a report counts once
             key = e.key
             self._seen[key] = m.updated_at
+            self._observe_work(key, m)
             if m.running_loras or m.waiting_loras:
                 self._adapters.update(m.running_loras, m.waiting_loras)
             if m.running > most.get(key, 0):
@@ -345,6 +352,33 @@ class ServerModel:
                 if done > self._done_at_pin.get(key, -1):
                     self._done_at_pin[key] = done
                     pinned[key] = pinned.get(key, 0) + 1
+
+    def _observe_work(self, key: str, m: EndpointMetrics) -> None:
+        """A server's speed as its work counters show it over a window of reports: the time that passed over what
+        its work takes at the pool's pace (its steps, the tokens it generated over the sequences it ran, at the
+        fitted step; the prompt tokens it computed, those it looked up in its prefix cache as it admitted them less
+        those it found there, at the fitted prefill rate). Every server that runs anything shows its pace, whoever
+        sent its work, not only when one of picker's requests there ends (a slow server gets few of them to end).
+        A window lasts a second at least: a prompt is counted as it is admitted and computed over the next steps."""
+        if m.generated_tokens is None:
+            return
+        now = (m.generated_tokens, m.prefix_query_tokens or 0.0, m.prefix_hit_tokens or 0.0, m.running, m.updated_at)
+        last = self._work_seen.get(key)
+        if m.running == 0:
+            self._work_seen.pop(key, None)  # idle: the next window starts when it runs again (idle time is no work)
+            return
+        if last is None or any(x < x0 for x, x0 in zip(now[:3], last[:3], strict=True)):
+            self._work_seen[key] = now  # a new window (a counter that went back: the server restarted)
+            return
+        generated, queried, hits = (x - x0 for x, x0 in zip(now[:3], last[:3], strict=True))
+        elapsed = m.updated_at - last[4]
+        if elapsed < _WORK_WINDOW_S or generated <= 0.0:
+            return  # too short a window: a prompt's prefill and its count fall into different reports
+        self._work_seen[key] = now
+        batch = 0.5 * (m.running + last[3])
+        a, c = self._fit.coefficients()
+        expected = generated / batch * (a + c * batch) + max(0.0, queried - hits) * self.s_per_token
+        self._observe_speed(key, elapsed / expected, 1.0 - 0.5 ** (elapsed / _SPEED_HALF_LIFE_S))
 
     def observe_done(self, key: str) -> None:
         """One of picker's requests finished on ``key``: a slot freed there."""
@@ -430,12 +464,16 @@ class ServerModel:
         a, c = self._fit.coefficients()
         predicted = a + c * batch
         if predicted > 0.0:
-            now = self._ctx.clock()
-            speed = self._speed_now(key, now)
-            ratio = min(_MAX_SPEED, max(1.0 / _MAX_SPEED, step_s / predicted))
-            self._speed[key] = speed + _SPEED_GAIN * (ratio - speed)
-            self._speed_at[key] = now
+            self._observe_speed(key, step_s / predicted, _SPEED_GAIN)
         self._fit.add(batch, step_s)
+
+    def _observe_speed(self, key: str, ratio: float, gain: float) -> None:
+        """Move ``key``'s speed by ``gain`` of the way to ``ratio`` (its time over the pool's for the same work)."""
+        now = self._ctx.clock()
+        speed = self._speed_now(key, now)
+        ratio = min(_MAX_SPEED, max(1.0 / _MAX_SPEED, ratio))
+        self._speed[key] = speed + gain * (ratio - speed)
+        self._speed_at[key] = now
 
     def observe_answer(self, model: str, tokens: int) -> None:
         mean = self._answers.get(model)
@@ -498,6 +536,7 @@ class ServerModel:
             self._most_running,
             self._pinned,
             self._seen,
+            self._work_seen,
             self._batch,
             self._speed,
             self._speed_at,

@@ -2,7 +2,8 @@
 
 * vllm: waiting ``vllm:num_requests_waiting``; running ``vllm:num_requests_running``; KV usage
   ``vllm:kv_cache_usage_perc``, else the older ``vllm:gpu_cache_usage_perc``; LoRA ``vllm:lora_requests_info``;
-  cache config ``vllm:cache_config_info`` labels ``block_size``, ``num_gpu_blocks``.
+  cache config ``vllm:cache_config_info`` labels ``block_size``, ``num_gpu_blocks``; work counters
+  ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``.
 * sglang: ``sglang:num_queue_reqs``; ``sglang:num_running_reqs``; ``sglang:token_usage``; cache config
   ``sglang:cache_config_info`` labels ``page_size``, ``num_pages``.
 * trtllm-serve: ``trtllm_num_requests_waiting``; ``trtllm_num_requests_running``;
@@ -16,7 +17,7 @@ Rules (the reference EPP's): among series matching a selector the one with the l
 first when there are none). The LoRA info gauge's *value* is a creation timestamp: the series with the largest
 value wins; its ``running_lora_adapters``/``waiting_lora_adapters`` labels are comma lists (blanks trimmed, may
 be empty) and ``max_lora`` an integer. Waiting, running and KV usage are required (``ScrapeError`` when a page
-lacks them); LoRA and cache config are optional. KV usage is clamped to [0, 1].
+lacks them); LoRA, cache config and the work counters are optional. KV usage is clamped to [0, 1].
 
 The engine of an endpoint comes from ``Endpoint.engine`` (the pod label
 ``inference.networking.k8s.io/engine-type``). An unknown engine name uses the vLLM mapping, as the reference
@@ -50,11 +51,16 @@ class EngineMapping:
     num_blocks_label: str = "num_gpu_blocks"
     block_size_gauge: Selector | None = None  # or plain gauges carrying it
     num_blocks_gauge: Selector | None = None
+    # Work counters (optional): tokens generated, prompt tokens looked up in the prefix cache, tokens found there
+    generated: Selector | None = None
+    prefix_queries: Selector | None = None
+    prefix_hits: Selector | None = None
     names: frozenset[str] = field(init=False, repr=False)  # every metric name to look for on a page
 
     def __post_init__(self) -> None:
         selectors = [*self.waiting, *self.running, *self.kv_usage]
-        selectors += [s for s in (self.lora_info, self.cache_info, self.block_size_gauge, self.num_blocks_gauge) if s]
+        optional = (self.lora_info, self.cache_info, self.block_size_gauge, self.num_blocks_gauge)
+        selectors += [s for s in (*optional, self.generated, self.prefix_queries, self.prefix_hits) if s]
         object.__setattr__(self, "names", frozenset(s.name for s in selectors))
 
 
@@ -65,6 +71,9 @@ VLLM = EngineMapping(
     kv_usage=(S("vllm:kv_cache_usage_perc"), S("vllm:gpu_cache_usage_perc")),
     lora_info=S("vllm:lora_requests_info"),
     cache_info=S("vllm:cache_config_info"),
+    generated=S("vllm:generation_tokens_total"),
+    prefix_queries=S("vllm:prefix_cache_queries_total"),
+    prefix_hits=S("vllm:prefix_cache_hits_total"),
 )
 SGLANG = EngineMapping(
     name="sglang",
@@ -136,6 +145,9 @@ def extract(engine: str, page: bytes, now: float) -> EndpointMetrics:
         max_loras=max_loras,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
+        generated_tokens=_counter(found, mapping.generated),
+        prefix_query_tokens=_counter(found, mapping.prefix_queries),
+        prefix_hit_tokens=_counter(found, mapping.prefix_hits),
         updated_at=now,
     )
 
@@ -147,6 +159,14 @@ def _required(found: Mapping[str, list[Sample]], selectors: Sequence[Selector], 
             return sample
     wanted = " or ".join(str(s) for s in selectors)
     raise ScrapeError("missing", f"{engine} metrics page lacks {wanted}")
+
+
+def _counter(found: Mapping[str, list[Sample]], selector: Selector | None) -> float | None:
+    """An optional counter's value; None when absent or not a count (it only informs, never fails a scrape)."""
+    sample = pick_latest(found.get(selector.name, ()), selector) if selector else None
+    if sample is None or not math.isfinite(sample.value) or sample.value < 0:
+        return None
+    return sample.value
 
 
 def _count(sample: Sample) -> int:

@@ -220,6 +220,8 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt tokens computed here (prefill passes)
     pulled_tokens: int = 0  # prompt tokens whose KV was pulled from a prefill server (remote prefill)
     max_step_s: float = 0.0  # the longest step: a long prefill stalls every sequence in its batch this long
+    generated_tokens: int = 0  # tokens emitted since start (vllm:generation_tokens_total)
+    prompt_tokens: int = 0  # prompt tokens of the requests that got a first token (vllm:prompt_tokens_total)
 
 
 @dataclass(slots=True)
@@ -253,6 +255,8 @@ class Engine:
         self.steps = 0
         self.busy_s = 0.0
         self.prefill_tokens = 0
+        self.generated_tokens = 0  # tokens emitted (vllm:generation_tokens_total)
+        self.prompt_tokens = 0  # prompts whose prefill ended, counted at their first token (vllm:prompt_tokens_total)
         self.pulled_tokens = 0
         self.max_step_s = 0.0
 
@@ -460,10 +464,12 @@ class Engine:
             req.last_token_s = end
             if req.first_token_s is None:
                 req.first_token_s = end
+                self.prompt_tokens += req.prompt_tokens
             if len(req.output_ids) >= req.target_output:
                 self._finish(req, end, req.target_reason)
                 any_finished = True
             updated.append(req)
+        self.generated_tokens += len(updated)
         if any_finished:
             self._running = [r for r in self._running if r.status is Status.RUNNING]
         return updated
@@ -632,6 +638,8 @@ class Engine:
             prefill_tokens=self.prefill_tokens,
             pulled_tokens=self.pulled_tokens,
             max_step_s=self.max_step_s,
+            generated_tokens=self.generated_tokens,
+            prompt_tokens=self.prompt_tokens,
         )
 
     def reset(self, now: float) -> list[RequestState]:

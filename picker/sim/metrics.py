@@ -94,8 +94,6 @@ class SimMetrics:
         self._legacy = legacy_names
         self.registry = CollectorRegistry(auto_describe=False)
         self._labels = f'engine="0",model_name="{_escape(engine.config.model)}"'
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
         self.success: dict[str, int] = {}
         max_len = engine.config.max_model_len
         h = _Hist
@@ -123,11 +121,9 @@ class SimMetrics:
     def record(self, updates: Iterable[RequestState]) -> None:
         """Account one step's updates: each request in it got one token (and may have finished)."""
         for st in updates:
-            self.generation_tokens += 1
             if st.last_itl_s is None:
                 assert st.first_token_s is not None
                 self.ttft.observe(st.first_token_s - st.arrival_s)
-                self.prompt_tokens += st.prompt_tokens
             else:
                 self.itl.observe(st.last_itl_s)
                 self.tpot.observe(st.last_itl_s)
@@ -179,9 +175,9 @@ class SimMetrics:
             f'num_cpu_blocks="0",num_gpu_blocks="{cfg.num_gpu_blocks}"'
         )
         scalar("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig.", 1.0, info_labels)
-        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens)
+        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats.prompt_tokens)
         gen_doc = "Number of generation tokens processed."
-        scalar("vllm:generation_tokens_total", "counter", gen_doc, self.generation_tokens)
+        scalar("vllm:generation_tokens_total", "counter", gen_doc, stats.generated_tokens)
         scalar(
             "vllm:prefix_cache_queries_total",
             "counter",

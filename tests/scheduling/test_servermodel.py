@@ -367,6 +367,80 @@ def test_a_server_that_recovered_is_believed_from_where_its_slowness_had_drifted
     assert model.speeds(pool)[2] == 1.0  # not pulled back to 4x by one fast answer after 30 s unseen
 
 
+def _counting(i: int, at: float, running: int, generated: float, queried: float = 0.0, hits: float = 0.0) -> Endpoint:
+    """Server ``i``'s report at ``at`` with its work counters."""
+    e = endpoint(i, running=running, updated_at=at)
+    work = {"generated_tokens": generated, "prefix_query_tokens": queried, "prefix_hit_tokens": hits}
+    return replace(e, metrics=replace(e.metrics, **work))
+
+
+def _learned_20ms_steps(model: ServerModel, pool: list[Endpoint]) -> None:
+    for _ in range(50):  # the fit learns a 20 ms step at a batch of 4, alike everywhere
+        for e in pool:
+            model.observe_step(e.key, 4.0, 0.02)
+
+
+def _seconds_of_work(
+    model: ServerModel, clock: object, seconds: int, *per_s: tuple[float, float, float], running: int = 4
+) -> None:
+    """Reports once a second for ``seconds`` s: server i+1 adds ``per_s[i]`` (generated, queried, hits) a second."""
+    for t in range(seconds + 1):
+        if t:
+            clock.advance(1.0)  # type: ignore[attr-defined]
+        now = clock()  # type: ignore[operator]
+        model.observe_reports([_counting(i + 1, now, running, *(t * x for x in work)) for i, work in enumerate(per_s)])
+
+
+def test_work_counters_show_a_slow_server_before_any_answer_ends_there() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    _learned_20ms_steps(model, pool)
+    assert model.speeds(pool) == [1.0, 1.0, 1.0]
+    # Four sequences each: servers 1 and 2 emit 200 tokens a second (a 20 ms step), server 3 50 (an 80 ms step)
+    _seconds_of_work(model, c.clock, 10, (200.0, 0.0, 0.0), (200.0, 0.0, 0.0), (50.0, 0.0, 0.0))
+    speeds = model.speeds(pool)
+    assert speeds[:2] == [1.0, 1.0]
+    # 4x slower, believed most of the way after 10 s (half of the way every _SPEED_HALF_LIFE_S)
+    assert 2.5 < speeds[2] < 4.0
+
+
+def test_prompts_a_server_computed_explain_the_tokens_it_did_not_emit() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    _learned_20ms_steps(model, pool)
+    model.s_per_token = 0.00075
+    # Server 3 emits a quarter of the tokens, but computed 1,000 uncached prompt tokens a second (0.75 s of work)
+    _seconds_of_work(model, c.clock, 10, (200.0, 0.0, 0.0), (200.0, 0.0, 0.0), (50.0, 3000.0, 2000.0))
+    assert model.speeds(pool) == [1.0, 1.0, 1.0]
+
+
+def test_idle_time_and_restarts_are_no_work_to_measure_a_server_by() -> None:
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    _learned_20ms_steps(model, pool)
+    key = pool[2].key
+
+    def report(running: int, generated: float) -> None:
+        model.observe_reports([_counting(3, c.clock(), running, generated)])
+
+    report(4, 0.0)
+    c.clock.advance(0.5)
+    report(0, 100.0)  # its requests ended; idle for 10 s
+    c.clock.advance(10.0)
+    report(4, 100.0)
+    c.clock.advance(1.0)
+    report(4, 300.0)  # 200 tokens in the second it ran: a 20 ms step
+    c.clock.advance(1.0)
+    report(4, 100.0)  # restarted: the counter went back (no negative work), a new window starts
+    c.clock.advance(1.0)
+    report(4, 300.0)  # one second of 20 ms steps again
+    assert model.speeds(pool) == [1.0, 1.0, 1.0]
+    assert model._speed[key] == pytest.approx(1.0, abs=0.01)
+
+
 def test_a_first_token_long_overdue_shows_a_slow_server_before_any_answer_ends() -> None:
     c = ctx()
     model = ServerModel(c)

@@ -31,6 +31,9 @@ def page(name: str) -> bytes:
                 max_loras=4,
                 block_size=16,
                 num_gpu_blocks=27153,
+                generated_tokens=183402.0,
+                prefix_query_tokens=912384.0,
+                prefix_hit_tokens=655360.0,
                 updated_at=5.0,
             ),
         ),
@@ -58,6 +61,13 @@ def page(name: str) -> bytes:
 )
 def test_golden_pages(engine: str, golden: str, expected: EndpointMetrics) -> None:
     assert engines.extract(engine, page(golden), 5.0) == expected
+
+
+def test_a_work_counter_that_is_no_count_is_left_out_not_a_failed_scrape() -> None:
+    bad = page("vllm.txt").replace(b"} 183402.0", b"} -1.0").replace(b"} 655360.0", b"} NaN")
+    metrics = engines.extract("vllm", bad, 5.0)
+    assert (metrics.generated_tokens, metrics.prefix_query_tokens, metrics.prefix_hit_tokens) == (None, 912384.0, None)
+    assert metrics.running == 12
 
 
 def test_new_kv_name_wins_over_the_old_one() -> None:
