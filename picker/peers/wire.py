@@ -7,7 +7,9 @@
     scrapes     (only when there are any) u16 n, then n x a shared poll outcome (picker.scrape.share):
                 u16 key, u16 reason (a string; 0xFFFF: the poll succeeded), u32 age in µs, then
                 succeeded: u32 waiting, u32 running, f64 KV use, u32 max LoRAs, i64 block size, i64 GPU blocks,
-                           i64 own requests (-1: None each), u16 r, r x u16 running LoRA, u16 w, w x u16 waiting LoRA
+                           i64 own requests (-1: None each), f64 tokens generated, f64 prefix-cache query tokens,
+                           f64 prefix-cache hit tokens (NaN: None each), u16 r, r x u16 running LoRA, u16 w,
+                           w x u16 waiting LoRA
                 failed:    u16 message (a string)
 
 Strings are referenced by index, so a key costs its bytes once per batch. ``decode`` checks the magic, every
@@ -21,6 +23,7 @@ workers of one pod, which run the same build, share scrapes.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +58,7 @@ _U16 = struct.Struct("<H")
 _LOAD = struct.Struct("<HII")
 _PLACEMENT = struct.Struct("<HHIH")
 _SCRAPE = struct.Struct("<HHI")
-_SCRAPE_METRICS = struct.Struct("<IIdIqqq")
+_SCRAPE_METRICS = struct.Struct("<IIdIqqqddd")
 _OK = 0xFFFF
 _U32_MAX = 0xFFFFFFFF
 _I64_MAX = 2**63 - 1
@@ -185,7 +188,7 @@ def decode(data: bytes) -> Batch:
                 (message,) = take(_U16)
                 scrapes.append(SharedScrape(string(key), age_us / 1e6, None, reason_s, string(message)))
                 continue
-            waiting, running, kv, max_loras, block_size, gpu_blocks, own = take(_SCRAPE_METRICS)
+            waiting, running, kv, max_loras, block_size, gpu_blocks, own, *counters = take(_SCRAPE_METRICS)
             loras = []
             for _ in range(2):
                 (n,) = take(_U16)
@@ -202,6 +205,9 @@ def decode(data: bytes) -> Batch:
                 block_size=_optional(block_size),
                 num_gpu_blocks=_optional(gpu_blocks),
                 own_requests=_optional(own),
+                generated_tokens=_counter(counters[0]),
+                prefix_query_tokens=_counter(counters[1]),
+                prefix_hit_tokens=_counter(counters[2]),
             )
             scrapes.append(SharedScrape(string(key), age_us / 1e6, metrics))
     if pos != len(view):
@@ -229,6 +235,7 @@ def _encode_scrape(s: SharedScrape, ref: Callable[[str], int]) -> bytes:
             _nullable(m.block_size),
             _nullable(m.num_gpu_blocks),
             _nullable(m.own_requests),
+            *(math.nan if c is None else c for c in (m.generated_tokens, m.prefix_query_tokens, m.prefix_hit_tokens)),
         ),
     ]
     for names in (m.running_loras, m.waiting_loras):
@@ -243,6 +250,10 @@ def _nullable(n: int | None) -> int:
 
 def _optional(n: int) -> int | None:
     return None if n < 0 else n
+
+
+def _counter(x: float) -> float | None:
+    return x if math.isfinite(x) and x >= 0.0 else None
 
 
 def _clamp(n: int) -> int:

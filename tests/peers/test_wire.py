@@ -24,6 +24,9 @@ METRICS = EndpointMetrics(
     block_size=16,
     num_gpu_blocks=2048,
     own_requests=5,
+    generated_tokens=183402.0,
+    prefix_query_tokens=912384.0,
+    prefix_hit_tokens=0.0,
 )
 
 
