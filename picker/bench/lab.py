@@ -206,8 +206,8 @@ def scraped_metrics(stats: EngineStats, now: float, own_requests: int | None = N
         block_size=stats.block_size,
         num_gpu_blocks=stats.num_gpu_blocks,
         generated_tokens=stats.generated_tokens,
-        prefix_query_tokens=stats.prefix_queries_tokens,
-        prefix_hit_tokens=stats.prefix_hits_tokens,
+        prefix_query_tokens=stats.lookup_queries_tokens,
+        prefix_hit_tokens=stats.lookup_hits_tokens,
         updated_at=now,
         own_requests=own_requests,
     )

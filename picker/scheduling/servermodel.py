@@ -364,8 +364,11 @@ class ServerModel:
             return
         now = (m.generated_tokens, m.prefix_query_tokens or 0.0, m.prefix_hit_tokens or 0.0, m.running, m.updated_at)
         last = self._work_seen.get(key)
-        if m.running == 0:
-            self._work_seen.pop(key, None)  # idle: the next window starts when it runs again (idle time is no work)
+        if m.running == 0 or (m.waiting > 0 and m.kv_usage >= _KV_BOUND):
+            # Idle: the next window starts when it runs again (idle time is no work). Queueing on a full KV cache:
+            # vLLM looks a waiting request up again at every step until it fits and counts every lookup, so the
+            # prompt counters overstate the work; a window with such a report is not read.
+            self._work_seen.pop(key, None)
             return
         if last is None or any(x < x0 for x, x0 in zip(now[:3], last[:3], strict=True)):
             self._work_seen[key] = now  # a new window (a counter that went back: the server restarted)

@@ -221,6 +221,8 @@ class EngineStats:
     pulled_tokens: int = 0  # prompt tokens whose KV was pulled from a prefill server (remote prefill)
     max_step_s: float = 0.0  # the longest step: a long prefill stalls every sequence in its batch this long
     generated_tokens: int = 0  # tokens emitted since start (vllm:generation_tokens_total)
+    lookup_queries_tokens: int = 0  # vllm:prefix_cache_queries_total: every admission attempt's lookup
+    lookup_hits_tokens: int = 0  # vllm:prefix_cache_hits_total: the same lookups' hits
     prompt_tokens: int = 0  # prompt tokens of the requests that got a first token (vllm:prompt_tokens_total)
 
 
@@ -256,6 +258,9 @@ class Engine:
         self.busy_s = 0.0
         self.prefill_tokens = 0
         self.generated_tokens = 0  # tokens emitted (vllm:generation_tokens_total)
+        # prompt tokens looked up in the prefix cache and found, at every admission attempt (vllm:prefix_cache_*)
+        self.lookup_queries_tokens = 0
+        self.lookup_hits_tokens = 0
         self.prompt_tokens = 0  # prompts whose prefill ended, counted at their first token (vllm:prompt_tokens_total)
         self.pulled_tokens = 0
         self.max_step_s = 0.0
@@ -415,6 +420,9 @@ class Engine:
                 self._extend_hashes(req, n_tokens // bs)
                 hits = self.pool.lookup(req.hashes[: (n_tokens - 1) // bs])
                 n_cached = len(hits) * bs
+                # vLLM counts every lookup of a waiting request on its page, also one that finds no room yet
+                self.lookup_queries_tokens += n_tokens
+                self.lookup_hits_tokens += n_cached
             n = n_tokens - n_cached
             if not cfg.enable_chunked_prefill and n > budget:
                 break
@@ -496,6 +504,8 @@ class Engine:
         req.cached_tokens = n_cached
         self.prefix_queries_tokens += n_tokens
         self.prefix_hits_tokens += n_cached
+        self.lookup_queries_tokens += n_tokens
+        self.lookup_hits_tokens += n_cached
         self._loading.append(req)
         return True
 
@@ -639,6 +649,8 @@ class Engine:
             pulled_tokens=self.pulled_tokens,
             max_step_s=self.max_step_s,
             generated_tokens=self.generated_tokens,
+            lookup_queries_tokens=self.lookup_queries_tokens,
+            lookup_hits_tokens=self.lookup_hits_tokens,
             prompt_tokens=self.prompt_tokens,
         )
 

@@ -182,10 +182,10 @@ class SimMetrics:
             "vllm:prefix_cache_queries_total",
             "counter",
             "Prefix cache queries, in queried tokens.",
-            stats.prefix_queries_tokens,
+            stats.lookup_queries_tokens,
         )
         hits_doc = "Prefix cache hits, in cached tokens."
-        scalar("vllm:prefix_cache_hits_total", "counter", hits_doc, stats.prefix_hits_tokens)
+        scalar("vllm:prefix_cache_hits_total", "counter", hits_doc, stats.lookup_hits_tokens)
         scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", stats.preemptions)
         name = "vllm:request_success_total"
         out.append(f"# HELP {name} Count of processed requests.\n# TYPE {name} counter\n")

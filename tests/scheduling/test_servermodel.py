@@ -416,6 +416,23 @@ def test_prompts_a_server_computed_explain_the_tokens_it_did_not_emit() -> None:
     assert model.speeds(pool) == [1.0, 1.0, 1.0]
 
 
+def test_a_window_with_a_queue_on_a_full_kv_cache_is_not_read() -> None:
+    # vLLM counts a waiting request's prefix lookup at every step until it fits: the prompt counters overstate
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    _learned_20ms_steps(model, pool)
+    model.s_per_token = 0.00075
+    key = pool[2].key
+    for t in range(11):  # 200 tokens a second (the pool's pace) and 3,000 uncached prompt tokens "computed"
+        e = _counting(3, c.clock(), 4, 200.0 * t, 3000.0 * t, 0.0)
+        full = t % 2 == 0  # every other report: requests waiting on a full KV cache
+        model.observe_reports([replace(e, metrics=replace(e.metrics, waiting=2 if full else 0, kv_usage=0.95))])
+        c.clock.advance(1.0)  # type: ignore[attr-defined]
+    before = model._speed[pool[0].key]
+    assert model._speed[key] == before  # never read (it would have looked 3x faster than the pool)
+
+
 def test_idle_time_and_restarts_are_no_work_to_measure_a_server_by() -> None:
     c = ctx()
     model = ServerModel(c)

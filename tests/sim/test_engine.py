@@ -141,6 +141,20 @@ def test_kv_exhaustion_queues_new_requests() -> None:
     assert engine.preemptions == 0
 
 
+def test_a_request_waiting_for_kv_room_is_looked_up_and_counted_at_every_step_as_vllm_does() -> None:
+    cfg = EngineConfig(timing=TIMING, num_gpu_blocks=20, block_size=16)
+    engine = Engine(cfg)
+    for i in range(6):
+        engine.submit(req(f"r{i}", 60, 4), 0.0)
+    steps_waiting = sum(1 for _, _, waiting, _ in step_all(engine) if waiting)
+    stats = engine.stats()
+    assert steps_waiting >= 2
+    # admitted once each (the lab's cached share); looked up once more at each step that left the sixth waiting
+    assert stats.prefix_queries_tokens == 6 * 60
+    assert stats.lookup_queries_tokens == stats.prefix_queries_tokens + 60 * steps_waiting
+    assert stats.lookup_hits_tokens == stats.prefix_hits_tokens == 0
+
+
 def test_kv_exhaustion_preempts_and_recomputes() -> None:
     cfg = EngineConfig(timing=TIMING, num_gpu_blocks=12, block_size=16)
     reference = Engine(EngineConfig(timing=TIMING, num_gpu_blocks=1000))
