@@ -18,15 +18,16 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   routed there since) waits for one to drain: about a whole answer (the running adapter drains with its last
   request).
 * ``step_e``: the server's engine step, i.e. its time per output token, with this request in its batch:
-  ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time grows with the
-  batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each request ran in;
-  ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU): from picker's
-  answers there, and from its work counters between reports (over a second or more while it runs anything and does
-  not queue on a full KV cache, the time that passed over what the tokens it generated and the prompt tokens it
-  computed take at the pool's pace: every busy server shows its pace, whoever sent its work); or how many times its
-  predicted TTFT picker's oldest request awaiting a first token there has waited, over the pool's usual lateness, if
-  more (a stalled server shows before any answer ends); a belief that drifts back to the pool's pace by half every
-  few seconds without news. A slow server is slow at prefill too. At least one step emits the first token.
+  ``speed_e * (a + c * (batch_e + 1))``. A decode step reads the weights once and each sequence's KV: its time
+  grows with the batch. ``a`` and ``c`` are fitted over the pool to picker's observed TPOTs against the batch each
+  request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU): from
+  picker's answers there, and from its work counters between reports (over a second or more while it runs anything
+  and does not queue on a full KV cache, the time that passed over what the tokens it generated and the prompt
+  tokens it computed take at the pool's pace: every busy server shows its pace, whoever sent its work); or how many
+  times its predicted TTFT picker's oldest request awaiting a first token there has waited, over the pool's usual
+  lateness, if more (a stalled server shows before any answer ends); a belief that drifts back to the pool's pace
+  by half every few seconds without news. A slow server is slow at prefill too. At least one step emits the first
+  token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests

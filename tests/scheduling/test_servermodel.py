@@ -374,10 +374,15 @@ def _counting(i: int, at: float, running: int, generated: float, queried: float 
     return replace(e, metrics=replace(e.metrics, **work))
 
 
-def _learned_20ms_steps(model: ServerModel, pool: list[Endpoint]) -> None:
-    for _ in range(50):  # the fit learns a 20 ms step at a batch of 4, alike everywhere
+def _pool_of_20ms_steps() -> tuple[PluginContext, ServerModel, list[Endpoint]]:
+    """Three servers; the fit learned a 20 ms step at a batch of 4 from answers alike everywhere."""
+    c = ctx()
+    model = ServerModel(c)
+    pool = [endpoint(i) for i in range(1, 4)]
+    for _ in range(50):
         for e in pool:
             model.observe_step(e.key, 4.0, 0.02)
+    return c, model, pool
 
 
 def _seconds_of_work(
@@ -392,10 +397,7 @@ def _seconds_of_work(
 
 
 def test_work_counters_show_a_slow_server_before_any_answer_ends_there() -> None:
-    c = ctx()
-    model = ServerModel(c)
-    pool = [endpoint(i) for i in range(1, 4)]
-    _learned_20ms_steps(model, pool)
+    c, model, pool = _pool_of_20ms_steps()
     assert model.speeds(pool) == [1.0, 1.0, 1.0]
     # Four sequences each: servers 1 and 2 emit 200 tokens a second (a 20 ms step), server 3 50 (an 80 ms step)
     _seconds_of_work(model, c.clock, 10, (200.0, 0.0, 0.0), (200.0, 0.0, 0.0), (50.0, 0.0, 0.0))
@@ -406,10 +408,7 @@ def test_work_counters_show_a_slow_server_before_any_answer_ends_there() -> None
 
 
 def test_prompts_a_server_computed_explain_the_tokens_it_did_not_emit() -> None:
-    c = ctx()
-    model = ServerModel(c)
-    pool = [endpoint(i) for i in range(1, 4)]
-    _learned_20ms_steps(model, pool)
+    c, model, pool = _pool_of_20ms_steps()
     model.s_per_token = 0.00075
     # Server 3 emits a quarter of the tokens, but computed 1,000 uncached prompt tokens a second (0.75 s of work)
     _seconds_of_work(model, c.clock, 10, (200.0, 0.0, 0.0), (200.0, 0.0, 0.0), (50.0, 3000.0, 2000.0))
@@ -418,10 +417,7 @@ def test_prompts_a_server_computed_explain_the_tokens_it_did_not_emit() -> None:
 
 def test_a_window_with_a_queue_on_a_full_kv_cache_is_not_read() -> None:
     # vLLM counts a waiting request's prefix lookup at every step until it fits: the prompt counters overstate
-    c = ctx()
-    model = ServerModel(c)
-    pool = [endpoint(i) for i in range(1, 4)]
-    _learned_20ms_steps(model, pool)
+    c, model, pool = _pool_of_20ms_steps()
     model.s_per_token = 0.00075
     key = pool[2].key
     for t in range(11):  # 200 tokens a second (the pool's pace) and 3,000 uncached prompt tokens "computed"
@@ -434,10 +430,7 @@ def test_a_window_with_a_queue_on_a_full_kv_cache_is_not_read() -> None:
 
 
 def test_idle_time_and_restarts_are_no_work_to_measure_a_server_by() -> None:
-    c = ctx()
-    model = ServerModel(c)
-    pool = [endpoint(i) for i in range(1, 4)]
-    _learned_20ms_steps(model, pool)
+    c, model, pool = _pool_of_20ms_steps()
     key = pool[2].key
 
     def report(running: int, generated: float) -> None:
