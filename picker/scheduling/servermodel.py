@@ -191,6 +191,16 @@ def start_waits_s(running: Sequence[Demand], queue: Sequence[Demand], slots: int
     return out
 
 
+class _WorkCounters(NamedTuple):
+    """A server's work counters as one report gave them (the start of a window of reports)."""
+
+    generated: float
+    queried: float
+    hits: float
+    running: int
+    at: float
+
+
 def _others_kv(mean_prompt: float, mean_answer: float, left: float) -> float:
     """The KV tokens a request picker did not route holds with ``left`` of its answer still to come (its prompt at
     the mean, and the part of the mean answer it has streamed)."""
@@ -303,8 +313,7 @@ class ServerModel:
         self._done: dict[str, int] = {}  # picker's requests seen to finish on each server
         self._done_at_pin: dict[str, int] = {}  # ... as of the last report that counted towards its slot limit
         self._seen: dict[str, float] = {}  # the last report read of each server (its updated_at)
-        # Each server's work counters at the start of its window: (generated, queried, prefix hits, running, at)
-        self._work_seen: dict[str, tuple[float, float, float, int, float]] = {}
+        self._work_seen: dict[str, _WorkCounters] = {}  # each server's counters at the start of its window
         self._batch: dict[str, float] = {}  # the requests each server ran when last estimated
         self._speed: dict[str, float] = {}  # observed step / the fit's, per server
         self._speed_at: dict[str, float] = {}  # when each server's speed was last observed
@@ -363,25 +372,27 @@ class ServerModel:
         A window lasts a second at least: a prompt is counted as it is admitted and computed over the next steps."""
         if m.generated_tokens is None:
             return
-        now = (m.generated_tokens, m.prefix_query_tokens or 0.0, m.prefix_hit_tokens or 0.0, m.running, m.updated_at)
-        last = self._work_seen.get(key)
         if m.running == 0 or (m.waiting > 0 and m.kv_usage >= _KV_BOUND):
             # Idle: the next window starts when it runs again (idle time is no work). Queueing on a full KV cache:
             # vLLM looks a waiting request up again at every step until it fits and counts every lookup, so the
             # prompt counters overstate the work; a window with such a report is not read.
             self._work_seen.pop(key, None)
             return
-        if last is None or any(x < x0 for x, x0 in zip(now[:3], last[:3], strict=True)):
+        now = _WorkCounters(
+            m.generated_tokens, m.prefix_query_tokens or 0.0, m.prefix_hit_tokens or 0.0, m.running, m.updated_at
+        )
+        last = self._work_seen.get(key)
+        if last is None or now.generated < last.generated or now.queried < last.queried or now.hits < last.hits:
             self._work_seen[key] = now  # a new window (a counter that went back: the server restarted)
             return
-        generated, queried, hits = (x - x0 for x, x0 in zip(now[:3], last[:3], strict=True))
-        elapsed = m.updated_at - last[4]
+        generated, elapsed = now.generated - last.generated, now.at - last.at
         if elapsed < _WORK_WINDOW_S or generated <= 0.0:
             return  # too short a window: a prompt's prefill and its count fall into different reports
         self._work_seen[key] = now
-        batch = 0.5 * (m.running + last[3])
+        batch = 0.5 * (now.running + last.running)
         a, c = self._fit.coefficients()
-        expected = generated / batch * (a + c * batch) + max(0.0, queried - hits) * self.s_per_token
+        computed = max(0.0, (now.queried - last.queried) - (now.hits - last.hits))
+        expected = generated / batch * (a + c * batch) + computed * self.s_per_token
         self._observe_speed(key, elapsed / expected, 1.0 - 0.5 ** (elapsed / _SPEED_HALF_LIFE_S))
 
     def observe_done(self, key: str) -> None:
