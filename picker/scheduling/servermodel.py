@@ -23,11 +23,11 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   request ran in; ``speed_e`` is how much slower than that fit the server has been (a throttled or shared GPU): from
   picker's answers there, and from its work counters between reports (over a second or more while it runs anything
   and does not queue on a full KV cache, the time that passed over what the tokens it generated and the prompt
-  tokens it computed take at the pool's pace: every busy server shows its pace, whoever sent its work); or how many
-  times its predicted TTFT picker's oldest request awaiting a first token there has waited, over the pool's usual
-  lateness, if more (a stalled server shows before any answer ends); a belief that drifts back to the pool's pace
-  by half every few seconds without news. A slow server is slow at prefill too. At least one step emits the first
-  token.
+  tokens it computed take at the pool's pace: every busy server shows its pace, whoever sent its work); or, where
+  the counters do not show it (none, stopped since, or queueing on a full KV cache), how many times its predicted
+  TTFT picker's oldest request awaiting a first token there has waited, over the pool's usual lateness, if more (a
+  stalled server shows before any answer ends); a belief that drifts back to the pool's pace by half every few
+  seconds without news. A slow server is slow at prefill too. At least one step emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
@@ -292,6 +292,7 @@ class ServerModel:
         "_first_due",
         "_fit",
         "_most_running",
+        "_moved",
         "_pinned",
         "_prefill_samples",
         "_prompt_tokens",
@@ -320,6 +321,9 @@ class ServerModel:
         # picker's requests awaiting their first token on each server, oldest first: request id -> (routed at,
         # predicted TTFT). A first token long overdue shows a slow server before any answer ends there.
         self._first_due: dict[str, OrderedDict[str, tuple[float, float]]] = {}
+        # Each server's generated-tokens counter and the report in which it last moved while its pace could be read
+        # (running, not queueing on a full KV cache): a first token is overdue only where this is older than it.
+        self._moved: dict[str, tuple[float, float]] = {}
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
@@ -377,7 +381,11 @@ class ServerModel:
             # vLLM looks a waiting request up again at every step until it fits and counts every lookup, so the
             # prompt counters overstate the work; a window with such a report is not read.
             self._work_seen.pop(key, None)
+            self._moved.pop(key, None)
             return
+        moved = self._moved.get(key)
+        if moved is None or m.generated_tokens != moved[0]:
+            self._moved[key] = (m.generated_tokens, m.updated_at)
         now = _WorkCounters(
             m.generated_tokens, m.prefix_query_tokens or 0.0, m.prefix_hit_tokens or 0.0, m.running, m.updated_at
         )
@@ -454,7 +462,10 @@ class ServerModel:
 
     def _overdue(self, key: str, now: float) -> float:
         """How many times its predicted TTFT the oldest of picker's requests still awaiting a first token on
-        ``key`` has waited (0 when none awaits one)."""
+        ``key`` has waited (0 when none awaits one). Not where the server's work counters show its pace: they
+        moved since that request was routed, in a report that can be read. A late first token is a stall's sign
+        (a server that reports nothing, or no progress); where the pace is known it says little, since a short
+        prediction misses by many times itself (a cached prompt behind another's prefill)."""
         due = self._first_due.get(key)
         if not due:
             return 0.0
@@ -462,6 +473,9 @@ class ServerModel:
             due.clear()  # those requests ended without a word to this model (a reset stream, an error)
             return 0.0
         routed, predicted = next(iter(due.values()))
+        moved = self._moved.get(key)
+        if moved is not None and moved[1] > routed:
+            return 0.0
         return min(_MAX_SPEED, (now - routed) / predicted) if predicted > 0.0 else 0.0
 
     def expect_first_token(self, key: str, request_id: str, now: float, ttft_s: float) -> None:
@@ -556,6 +570,7 @@ class ServerModel:
             self._speed,
             self._speed_at,
             self._first_due,
+            self._moved,
             self._share,
             self._done,
             self._done_at_pin,

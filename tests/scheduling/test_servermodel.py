@@ -470,6 +470,39 @@ def test_a_first_token_long_overdue_shows_a_slow_server_before_any_answer_ends()
     assert model.speeds(pool)[2] == 1.0
 
 
+def _overdue_first_token_on_server_3(report: object) -> list[float]:
+    """Server 3 reports (``report(at)`` builds its endpoint) while picker's request there awaits a first token
+    predicted in 50 ms for a second; what the model believes of the pool's speeds then."""
+    c, model, pool = _pool_of_20ms_steps()
+    key = pool[2].key
+    model.observe_reports([report(c.clock(), 0.0)])  # type: ignore[operator]
+    c.inflight.acquire(key, 20, c.clock(), prefill_tokens=10)
+    model.expect_first_token(key, "r", c.clock(), 0.05)
+    for t in (0.5, 1.0):
+        c.clock.advance(0.5)  # type: ignore[attr-defined]
+        model.observe_reports([report(c.clock(), t)])  # type: ignore[operator]
+    return model.speeds(pool)
+
+
+def test_a_late_first_token_where_the_counters_show_the_pace_is_no_slowness() -> None:
+    # A cached prompt predicted in 50 ms waits behind another's long prefill: 20x late, on a server whose
+    # counters show it working at the pool's pace. Its pace is the counters' to tell.
+    working = _overdue_first_token_on_server_3(lambda at, t: _counting(3, at, 4, 200.0 * t))
+    assert working == [1.0, 1.0, 1.0]
+
+
+def test_a_late_first_token_where_the_counters_stopped_or_cannot_be_read_is_a_stall() -> None:
+    stalled = _overdue_first_token_on_server_3(lambda at, t: _counting(3, at, 4, 200.0))
+    assert stalled[:2] == [1.0, 1.0]
+    assert stalled[2] == servermodel._MAX_SPEED
+
+    def kv_bound(at: float, t: float) -> Endpoint:  # working, but queueing on a full KV cache: not read
+        e = _counting(3, at, 4, 200.0 * t)
+        return replace(e, metrics=replace(e.metrics, waiting=2, kv_usage=0.95))
+
+    assert _overdue_first_token_on_server_3(kv_bound)[2] == servermodel._MAX_SPEED
+
+
 def test_a_request_that_ended_without_a_first_token_is_not_overdue() -> None:
     c = ctx()
     model = ServerModel(c)
