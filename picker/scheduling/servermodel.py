@@ -24,10 +24,11 @@ its KV cache is full); the rest wait, first come first served. A request's time 
   picker's answers there, and from its work counters between reports (over a second or more while it runs anything
   and does not queue on a full KV cache, the time that passed over what the tokens it generated and the prompt
   tokens it computed take at the pool's pace: every busy server shows its pace, whoever sent its work); or, where
-  the counters do not show it (none, stopped since, or queueing on a full KV cache), how many times its predicted
-  TTFT picker's oldest request awaiting a first token there has waited, over the pool's usual lateness, if more (a
-  stalled server shows before any answer ends); a belief that drifts back to the pool's pace by half every few
-  seconds without news. A slow server is slow at prefill too. At least one step emits the first token.
+  the counters do not show it (none, stopped since, queueing on a full KV cache, or not yet read over a window: then
+  against a second at least), how many times its predicted TTFT picker's oldest request awaiting a first token there
+  has waited, over the pool's usual lateness, if more (a stalled server shows before any answer ends); a belief
+  that drifts back to the pool's pace by half every few seconds without news. A slow server is slow at prefill too.
+  At least one step emits the first token.
 
 Slots are learned from what each server reports: the most requests it was seen running, counted as its limit once
 it was seen there with a queue and KV room to spare in several reports between which one of picker's requests
@@ -293,6 +294,7 @@ class ServerModel:
         "_fit",
         "_most_running",
         "_moved",
+        "_paced",
         "_pinned",
         "_prefill_samples",
         "_prompt_tokens",
@@ -324,6 +326,7 @@ class ServerModel:
         # Each server's generated-tokens counter and the report in which it last moved while its pace could be read
         # (running, not queueing on a full KV cache): a first token is overdue only where this is older than it.
         self._moved: dict[str, tuple[float, float]] = {}
+        self._paced: dict[str, float] = {}  # the report that ended each server's last window of work read
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
@@ -402,6 +405,7 @@ class ServerModel:
         computed = max(0.0, (now.queried - last.queried) - (now.hits - last.hits))
         expected = generated / batch * (a + c * batch) + computed * self.s_per_token
         self._observe_speed(key, elapsed / expected, 1.0 - 0.5 ** (elapsed / _SPEED_HALF_LIFE_S))
+        self._paced[key] = now.at
 
     def observe_done(self, key: str) -> None:
         """One of picker's requests finished on ``key``: a slot freed there."""
@@ -463,9 +467,12 @@ class ServerModel:
     def _overdue(self, key: str, now: float) -> float:
         """How many times its predicted TTFT the oldest of picker's requests still awaiting a first token on
         ``key`` has waited (0 when none awaits one). Not where the server's work counters show its pace: they
-        moved since that request was routed, in a report that can be read. A late first token is a stall's sign
-        (a server that reports nothing, or no progress); where the pace is known it says little, since a short
-        prediction misses by many times itself (a cached prompt behind another's prefill)."""
+        moved since that request was routed, in a report that can be read, and a window of them was read. A late
+        first token is a stall's sign (a server that reports nothing, or no progress); where the pace is known it
+        says little, since a short prediction misses by many times itself (a cached prompt behind another's
+        prefill). A server whose counters move but whose first window is still open (its first second of work)
+        is judged against a second at least: a prediction's miss by many times itself is not slowness, a first
+        token a second overdue is."""
         due = self._first_due.get(key)
         if not due:
             return 0.0
@@ -475,7 +482,9 @@ class ServerModel:
         routed, predicted = next(iter(due.values()))
         moved = self._moved.get(key)
         if moved is not None and moved[1] > routed:
-            return 0.0
+            if key in self._paced:
+                return 0.0
+            predicted = max(predicted, _WORK_WINDOW_S)
         return min(_MAX_SPEED, (now - routed) / predicted) if predicted > 0.0 else 0.0
 
     def expect_first_token(self, key: str, request_id: str, now: float, ttft_s: float) -> None:
@@ -571,6 +580,7 @@ class ServerModel:
             self._speed_at,
             self._first_due,
             self._moved,
+            self._paced,
             self._share,
             self._done,
             self._done_at_pin,

@@ -491,6 +491,19 @@ def test_a_late_first_token_where_the_counters_show_the_pace_is_no_slowness() ->
     assert working == [1.0, 1.0, 1.0]
 
 
+def test_before_a_window_of_its_counters_is_read_a_first_token_is_late_against_a_second_at_least() -> None:
+    c, model, pool = _pool_of_20ms_steps()
+    key = pool[2].key
+    model.observe_reports([_counting(3, c.clock(), 4, 0.0)])
+    c.inflight.acquire(key, 20, c.clock(), prefill_tokens=10)
+    model.expect_first_token(key, "r", c.clock(), 0.05)
+    c.clock.advance(0.5)  # type: ignore[attr-defined]
+    model.observe_reports([_counting(3, c.clock(), 4, 5.0)])  # it works (a 100x slower step), no window read yet
+    assert model.speeds(pool)[2] == 1.0  # 10x its prediction, but half a second: a short prediction's miss
+    c.clock.advance(2.5)  # type: ignore[attr-defined]  # still no first token after 3 s: 3x a second
+    assert model.speeds(pool)[2] == pytest.approx(3.0)
+
+
 def test_a_late_first_token_where_the_counters_stopped_or_cannot_be_read_is_a_stall() -> None:
     stalled = _overdue_first_token_on_server_3(lambda at, t: _counting(3, at, 4, 200.0))
     assert stalled[:2] == [1.0, 1.0]
