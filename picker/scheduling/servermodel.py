@@ -326,7 +326,8 @@ class ServerModel:
         # Each server's generated-tokens counter and the report in which it last moved while its pace could be read
         # (running, not queueing on a full KV cache): a first token is overdue only where this is older than it.
         self._moved: dict[str, tuple[float, float]] = {}
-        self._paced: dict[str, float] = {}  # the report that ended each server's last window of work read
+        # When each server's last window of work counters was read (one was: its pace is the counters' to tell)
+        self._paced: dict[str, float] = {}
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet

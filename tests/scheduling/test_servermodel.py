@@ -471,8 +471,9 @@ def test_a_first_token_long_overdue_shows_a_slow_server_before_any_answer_ends()
 
 
 def _overdue_first_token_on_server_3(report: object) -> list[float]:
-    """Server 3 reports (``report(at)`` builds its endpoint) while picker's request there awaits a first token
-    predicted in 50 ms for a second; what the model believes of the pool's speeds then."""
+    """Server 3 reports twice a second (``report(at, t)`` builds its endpoint at ``at``, ``t`` seconds into its
+    work) while picker's request there awaits a first token predicted in 50 ms for a second; what the model
+    believes of the pool's speeds then (the server's counters read over one window by its end)."""
     c, model, pool = _pool_of_20ms_steps()
     key = pool[2].key
     model.observe_reports([report(c.clock(), 0.0)])  # type: ignore[operator]
