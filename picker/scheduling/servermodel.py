@@ -326,8 +326,8 @@ class ServerModel:
         # Each server's generated-tokens counter and the report in which it last moved while its pace could be read
         # (running, not queueing on a full KV cache): a first token is overdue only where this is older than it.
         self._moved: dict[str, tuple[float, float]] = {}
-        # When each server's last window of work counters was read (one was: its pace is the counters' to tell)
-        self._paced: dict[str, float] = {}
+        self._paced: set[str] = set()  # servers with a window of work counters read: their pace is the counters'
+
         self._fit = StepFit()
         self._answers: dict[str, float] = {}  # model -> mean answer tokens
         self._prompt_tokens = 0.0  # mean prompt tokens computed (for requests known only as a count); 0: none yet
@@ -406,7 +406,7 @@ class ServerModel:
         computed = max(0.0, (now.queried - last.queried) - (now.hits - last.hits))
         expected = generated / batch * (a + c * batch) + computed * self.s_per_token
         self._observe_speed(key, elapsed / expected, 1.0 - 0.5 ** (elapsed / _SPEED_HALF_LIFE_S))
-        self._paced[key] = now.at
+        self._paced.add(key)
 
     def observe_done(self, key: str) -> None:
         """One of picker's requests finished on ``key``: a slot freed there."""
@@ -581,13 +581,13 @@ class ServerModel:
             self._speed_at,
             self._first_due,
             self._moved,
-            self._paced,
             self._share,
             self._done,
             self._done_at_pin,
         ):
             for key in [k for k in table if k not in keys]:
                 del table[key]
+        self._paced.intersection_update(keys)
 
     # -- estimating -------------------------------------------------------------------------------------------
     def estimate(
